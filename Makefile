@@ -1,0 +1,38 @@
+# orbit-dagster: `make demo` and `make test` do all set-up themselves.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# Reinstall when the dependencies change.
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | cksum | cut -d' ' -f1)
+export ORBIT_HOME ?= $(CURDIR)/.orbit
+
+.PHONY: install system-deps demo test test-fast ui clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+install: $(STAMP)
+
+# Real services the integration and end-to-end tests use: sshd (an SSH rental host on
+# loopback) and Chromium (the UI check). Installed only where missing.
+system-deps:
+	@scripts/system-deps.sh
+
+demo: install
+	$(BIN)/orbit demo
+
+test: install system-deps
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q tests/unit
+
+ui: install
+	$(BIN)/orbit ui --port $${PORT:-3000}
+
+clean:
+	rm -rf .orbit .pytest_cache

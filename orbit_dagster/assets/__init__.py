@@ -1,0 +1,1 @@
+"""Software-defined assets: training runs, checkpoints, evaluations, best checkpoint, cost."""

@@ -1,0 +1,263 @@
+"""`orbit`: a front door to the same paths the Dagster UI drives (not a second orchestrator).
+
+User errors print one line on stderr and exit 2, without a traceback.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from .control.settings import Settings
+from .core.errors import OrbitError
+from .core.submission import parse_set_args
+
+
+def _settings() -> Settings:
+    return Settings.from_env()
+
+
+def _print_df(df, as_json: bool) -> None:
+    if as_json:
+        click.echo(df.to_json(orient="records", date_format="iso"))
+    elif df.empty:
+        click.echo("(no rows)")
+    else:
+        import pandas as pd
+
+        with pd.option_context("display.max_columns", 50, "display.width", 200, "display.max_colwidth", 60):
+            click.echo(df.to_string(index=False))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Post-train and evaluate models on rented and spot GPUs (state in $ORBIT_HOME, default ./.orbit)."""
+
+
+@cli.command()
+@click.argument("template")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="an override the template allows")
+@click.option("--experiment", default="default", show_default=True)
+@click.option("--project", default="default", show_default=True)
+def submit(template: str, sets: tuple[str, ...], experiment: str, project: str) -> None:
+    """Freeze TEMPLATE (+ overrides) into a bundle and queue it as a new job."""
+    from .control.submit import submit as do_submit
+
+    job_id = do_submit(_settings(), template, parse_set_args(sets), experiment=experiment, project=project)
+    click.echo(job_id)
+    click.echo("queued: the daemon's job_queue_sensor launches it (`make ui` or `orbit daemon` runs one)", err=True)
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="an override the template allows")
+@click.option("--from-scratch", is_flag=True, help="start from step 0 instead of the newest checkpoint")
+def retry(job: str, sets: tuple[str, ...], from_scratch: bool) -> None:
+    """Queue a new attempt of JOB (same job id, attempt+1)."""
+    from .control.submit import retry as do_retry
+
+    attempt = do_retry(_settings(), job, parse_set_args(sets), from_scratch=from_scratch)
+    click.echo(f"{job}: attempt {attempt} queued")
+
+
+@cli.command()
+@click.argument("job")
+def cancel(job: str) -> None:
+    """Cancel JOB (a queued one is never launched)."""
+    from .control.submit import cancel as do_cancel
+
+    do_cancel(_settings(), job)
+    click.echo(f"{job}: cancelled")
+
+
+@cli.command("import-run")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--experiment", default=None)
+@click.option("--name", default=None)
+def import_run(directory: Path, experiment: str | None, name: str | None) -> None:
+    """Register a run trained outside the platform, with its checkpoints."""
+    from .control.importer import import_run as do_import
+
+    def bar(items):
+        with click.progressbar(items, label="importing checkpoints", file=sys.stderr) as it:
+            yield from it
+
+    result = do_import(_settings(), directory, experiment=experiment, name=name, progress=bar)
+    _register_partitions(result["checkpoints"])
+    click.echo(json.dumps(result))
+
+
+def _register_partitions(keys: list[str]) -> None:
+    """Make imported checkpoints partitions of the `checkpoint` asset (runless materialisations)."""
+    from .assets.partitions import CHECKPOINTS
+    from .assets.reporting import checkpoint_materialization
+    from .instance import dagster_instance
+
+    ledger = _settings().ledger()
+    with dagster_instance(_settings()) as instance:
+        instance.add_dynamic_partitions(CHECKPOINTS, keys)
+        rows = ledger.rows("SELECT * FROM checkpoints WHERE checkpoint_key IN (SELECT unnest(?))", [keys])
+        for row in rows:
+            instance.report_runless_asset_event(checkpoint_materialization(row))
+
+
+@cli.command()
+@click.argument("job", required=False)
+@click.option("--json", "as_json", is_flag=True)
+def status(job: str | None, as_json: bool) -> None:
+    """Jobs and their state; with JOB, its checkpoints too."""
+    from .ledger import queries as Q
+    from .ledger import records as R
+
+    ledger = _settings().ledger()
+    if job and not ledger.scalar("SELECT count(*) FROM owners WHERE job_id = ?", [job]):
+        R.require_job(ledger, job)  # raises the error that names the fix
+    _print_df(Q.status(ledger, job), as_json)
+    if job and not as_json:
+        click.echo("")
+        _print_df(Q.checkpoints(ledger, job), False)
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--attempt", type=int, default=None, help="default: the latest")
+@click.option("--tail", type=int, default=200, show_default=True)
+def logs(job: str, attempt: int | None, tail: int) -> None:
+    """The workload's log of JOB's attempt (live while it runs, collected after)."""
+    from .control.logs import attempt_log
+
+    click.echo(attempt_log(_settings(), job, attempt, tail))
+
+
+@cli.command()
+@click.argument("experiment")
+@click.option("--json", "as_json", is_flag=True)
+def best(experiment: str, as_json: bool) -> None:
+    """The best checkpoint of EXPERIMENT by its primary metric, with its lineage."""
+    from .control.best import compute_best
+
+    result = compute_best(_settings(), experiment)
+    if result is None:
+        raise OrbitError(f"experiment {experiment} has no checkpoint with a value for its primary metric yet",
+                         field="experiment", value=experiment, fix="wait for evaluations, or check `orbit status`")
+    if as_json:
+        click.echo(json.dumps(result, default=str))
+        return
+    click.echo(f"best: {result['checkpoint_key']}  {result['metric_name']} = {result['metric_value']:.6g} "
+               f"({result['metric_mode']}, from {result['metric_source']}, primary metric set at {result['resolved_from']} level)")
+    click.echo("lineage: " + " <- ".join(f"{c['checkpoint_key']} (attempt {c['attempt']}, {c['tier']})" for c in result["lineage"]))
+
+
+@cli.command()
+@click.option("--by", type=click.Choice(["job", "experiment", "checkpoint"]), default="job", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def cost(by: str, as_json: bool) -> None:
+    """Cost attributed per job, experiment or checkpoint; wasted GPU-seconds are their own column."""
+    from .ledger import queries as Q
+
+    _print_df(Q.cost_table(_settings().ledger(), by), as_json)
+
+
+@cli.command()
+@click.argument("query")
+@click.option("--json", "as_json", is_flag=True)
+def sql(query: str, as_json: bool) -> None:
+    """Run QUERY against the ledger (tables and views as in `duckdb $ORBIT_HOME/ledger/ledger.duckdb`)."""
+    import duckdb
+
+    try:
+        df = _settings().ledger().query(query)
+    except duckdb.Error as exc:
+        raise OrbitError(f"query failed: {str(exc).splitlines()[0]}", field="QUERY", value=query,
+                         fix="list tables with: orbit sql \"SELECT table_name FROM information_schema.tables\"") from None
+    _print_df(df, as_json)
+
+
+@cli.command()
+def templates() -> None:
+    """List the shipped and user templates."""
+    from .core.templates import list_templates
+
+    for name in list_templates():
+        click.echo(name)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object as the last line")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="an override of the example template")
+def demo(as_json: bool, sets: tuple[str, ...]) -> None:
+    """Train the example through Dagster on the sim market; evaluate, rank, bill."""
+    from .demo import run_demo
+
+    settings = _settings()
+    bar = {"obj": None}
+
+    def on_progress(job_id, p) -> None:
+        if bar["obj"] is None:
+            from tqdm import tqdm
+
+            bar["obj"] = tqdm(total=None, desc=job_id, file=sys.stderr, unit="step", leave=False)
+        b = bar["obj"]
+        b.n = p.step
+        b.set_postfix_str(f"{p.state} ckpt={p.checkpoints} eval={p.evaluations}")
+        b.refresh()
+
+    try:
+        result = run_demo(settings, overrides=parse_set_args(sets), on_progress=on_progress)
+    finally:
+        if bar["obj"] is not None:
+            bar["obj"].close()
+    if not as_json:
+        from .ledger import queries as Q
+
+        click.echo(f"job {result['job']} ({result['state']}, {result['attempts']} attempt(s)), experiment {result['experiment']}")
+        _print_df(Q.checkpoints(settings.ledger(), result["job"]), False)
+        click.echo(f"best checkpoint: {result['best_checkpoint']}  "
+                   f"{result['best_metric']['name']} = {result['best_metric']['value']:.4f}" if result["best_metric"] else "best: none")
+        click.echo(f"cost: ${result['cost_usd']:.6f} attributed, ${result['billed_usd']:.6f} billed "
+                   f"({result['instance_seconds']:.1f} instance-seconds); ledger: {result['ledger']}")
+    click.echo(json.dumps(result, sort_keys=True))
+    if result["state"] != "SUCCEEDED":
+        sys.exit(1)
+
+
+@cli.command()
+def daemon() -> None:
+    """Run the Dagster daemon (sensors, queue) for $ORBIT_HOME in the foreground."""
+    from .instance import environment
+
+    env = environment(_settings())
+    exe = str(Path(sys.executable).with_name("dagster-daemon"))
+    os.execve(exe, [exe, "run", "-m", "orbit_dagster.definitions"], env)
+
+
+@cli.command()
+@click.option("--port", default=3000, show_default=True)
+def ui(port: int) -> None:
+    """The Dagster UI (with its daemon) on 127.0.0.1 only."""
+    from .instance import environment
+
+    env = environment(_settings())
+    exe = str(Path(sys.executable).with_name("dagster"))
+    os.execve(exe, [exe, "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "orbit_dagster.definitions"], env)
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except OrbitError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

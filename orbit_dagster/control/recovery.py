@@ -1,0 +1,88 @@
+"""What happens after an attempt ends badly: the failure classes and their retry rules.
+
+- reclaim / lost host: a new attempt resumed from the newest complete checkpoint, up to
+  `max_interruptions`; an offer that keeps reclaiming this job is avoided;
+- out-of-memory: one retry with the template's whitelisted change (e.g. micro-batch
+  halved, gradient accumulation doubled), when the template declares one;
+- divergence (NaN), user error, crash: no automatic retry.
+"""
+from __future__ import annotations
+
+import json
+
+from ..core.bundle import JobBundle
+from ..core.lifecycle import JobState
+from ..ledger import Ledger
+from ..ledger import records as R
+from .settings import Settings
+from .submit import requeue
+
+AVOID_AFTER_RECLAIMS = 2
+
+
+def offers_to_avoid(ledger: Ledger, job_id: str) -> set[str]:
+    """Offers on which this job was reclaimed at least twice: that zone keeps reclaiming."""
+    rows = ledger.rows(
+        """SELECT r.offer_id, count(*) AS n FROM run_status r
+           WHERE r.job_id = ? AND r.state = 'LOST' GROUP BY r.offer_id HAVING count(*) >= ?""",
+        [job_id, AVOID_AFTER_RECLAIMS],
+    )
+    return {r["offer_id"] for r in rows if r["offer_id"]}
+
+
+def oom_change(template, current: dict) -> dict | None:
+    """The whitelisted OOM change, or None when the template declares none."""
+    spec = template.oom_retry
+    if spec is None:
+        return None
+    change = {}
+    cfg = template.config
+    if spec.halve:
+        value = int(cfg.get(spec.halve.split(".", 1)[1], 0))
+        if value < 2:
+            return None
+        change[spec.halve] = value // 2
+    if spec.double:
+        change[spec.double] = int(cfg.get(spec.double.split(".", 1)[1], 1)) * 2
+    return change or None
+
+
+def after_failure(settings: Settings, outcome) -> int | None:
+    """Apply the retry rule of a FAILED attempt; returns the new attempt number if queued."""
+    if outcome.state != JobState.FAILED.value or outcome.failure_class != "oom":
+        return None
+    ledger = settings.ledger()
+    earlier = ledger.scalar(
+        "SELECT count(*) FROM job_states WHERE job_id = ? AND state = 'QUEUED' AND failure_class = 'oom'", [outcome.job_id]
+    )
+    if earlier:
+        return None  # OOM retries once
+    bundle = JobBundle.load(R.bundle_for(ledger, outcome.job_id, outcome.attempt)["path"])
+    change = oom_change(bundle.spec.template, bundle.spec.template.config)
+    if change is None:
+        return None
+    return requeue(settings, outcome.job_id, overrides=change, reason=f"out of memory: retry with {change}",
+                   failure_class="oom", expect_attempt=outcome.attempt)
+
+
+def recover_lost(settings: Settings, job_id: str) -> dict:
+    """LOST -> QUEUED (next attempt, resume from the newest checkpoint) or FAILED when the
+    job has been interrupted more than `max_interruptions` times. Idempotent."""
+    ledger = settings.ledger()
+    job = R.require_job(ledger, job_id)
+    if job["state"] != JobState.LOST.value:
+        return {"job_id": job_id, "action": "none", "state": job["state"]}
+    attempt = int(job["attempt"])
+    lost = R.interruptions(ledger, job_id)
+    limit = int(job["max_interruptions"])
+    if lost > limit:
+        reason = f"interrupted {lost} times, more than max_interruptions={limit}; last: {job['reason']}"
+        R.transition(ledger, job_id, JobState.FAILED, attempt=attempt, reason=reason, failure_class="reclaim")
+        return {"job_id": job_id, "action": "failed", "reason": reason}
+    new_attempt = requeue(settings, job_id, reason=f"recovering from interruption {lost}: {job['reason']}",
+                          failure_class="reclaim", expect_attempt=attempt)
+    return {"job_id": job_id, "action": "requeued", "attempt": new_attempt}
+
+
+def job_detail(job: dict) -> dict:
+    return json.loads(job.get("detail") or "{}")

@@ -1,0 +1,22 @@
+"""The one place that wires orbit-dagster's assets, sensors, schedules and resources."""
+import dagster as dg
+
+from .assets.best import best_checkpoint
+from .assets.costs import cost_summary
+from .assets.evaluation import evaluation
+from .assets.training import checkpoint, training_run
+from .jobs import EXECUTOR, best_job, cost_job, eval_job, train_job
+from .resources import OrbitResource
+from .sensors.evaluations import checkpoint_evaluation_sensor
+from .sensors.followups import best_checkpoint_sensor, cost_summary_sensor
+from .sensors.interruptions import spot_interruption_sensor
+from .sensors.queue import job_queue_sensor
+
+defs = dg.Definitions(
+    assets=[training_run, checkpoint, evaluation, best_checkpoint, cost_summary],
+    jobs=[train_job, eval_job, best_job, cost_job],
+    sensors=[job_queue_sensor, checkpoint_evaluation_sensor, best_checkpoint_sensor, cost_summary_sensor,
+             spot_interruption_sensor],
+    resources={"orbit": OrbitResource()},
+    executor=EXECUTOR,
+)

@@ -1,0 +1,1 @@
+"""GPU-rental providers behind one protocol (see base.py); chosen by `backend_key`."""

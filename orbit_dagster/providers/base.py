@@ -1,0 +1,119 @@
+"""The provider protocol: every source of GPUs looks the same to the control plane.
+
+Handles are plain serialisable models, stored in the ledger, so that any process (a later
+Dagster run, the daemon after a restart) can re-attach to a running workload instead of
+launching it again.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..core.execution import Resources
+from ..core.offers import Offer
+
+
+class InstanceHandle(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    provider: str
+    instance_id: str
+    offer: Offer
+    started_at: datetime
+    address: dict[str, Any] = Field(default_factory=dict)  # how to reach it (dir, host, port, ...)
+    gpu_slots: tuple[int, ...] = ()
+
+
+class LaunchSpec(BaseModel):
+    """What one attempt (or one evaluation) needs beyond the bundle."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task: Literal["train", "eval"] = "train"
+    attempt: int = 1
+    store_uri: str
+    resume_from: str | None = None
+    eval_checkpoint: str | None = None
+    checkpoint_every: int | None = None
+    memory_every: int | None = None
+    probe: bool = False
+    env: dict[str, str] = Field(default_factory=dict)
+    secret_env: tuple[str, ...] = ()  # names forwarded from the control plane's environment
+    extra_args: tuple[str, ...] = ()
+
+
+class RunHandle(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    provider: str
+    instance: InstanceHandle
+    run_ref: str  # provider-specific id of the launched workload (a dir, a pid, ...)
+    task: str = "train"
+    attempt: int = 1
+    launched_at: datetime
+
+
+class RunStatus(BaseModel):
+    state: Literal["starting", "running", "exited", "lost"]
+    exit_code: int | None = None
+    failure_class: str | None = None
+    reason: str = ""
+    last_step: int | None = None
+
+
+class Notice(BaseModel):
+    instance_id: str
+    action: str = "terminate"
+    deadline: datetime | None = None
+    received_at: datetime
+    source: str = "metadata"
+
+
+class PriceTick(BaseModel):
+    offer_id: str
+    ts: datetime
+    usd_per_hour_spot: float | None = None
+    usd_per_hour_on_demand: float | None = None
+    source: str = ""
+
+
+class InstanceTimes(BaseModel):
+    """Billing truth from the provider: when the meter started and stopped."""
+
+    started_at: datetime
+    stopped_at: datetime | None = None
+    reason: str | None = None
+
+
+@runtime_checkable
+class Provider(Protocol):
+    name: str
+
+    def list_offers(self, resources: Resources | None = None) -> list[Offer]: ...
+
+    def provision(self, offer: Offer, *, tags: dict[str, str]) -> InstanceHandle: ...
+
+    def launch(self, instance: InstanceHandle, bundle_dir: Path, spec: LaunchSpec) -> RunHandle: ...
+
+    def status(self, run: RunHandle) -> RunStatus: ...
+
+    def read_events(self, run: RunHandle, offset: int) -> tuple[list[dict], int]: ...
+
+    def logs(self, run: RunHandle, tail_lines: int = 200) -> str: ...
+
+    def collect(self, run: RunHandle, dest: Path) -> list[Path]: ...
+
+    def notices(self, instance: InstanceHandle) -> list[Notice]: ...
+
+    def instance_alive(self, instance: InstanceHandle) -> bool: ...
+
+    def instance_times(self, instance: InstanceHandle) -> InstanceTimes: ...
+
+    def terminate(self, instance: InstanceHandle, reason: str) -> InstanceTimes: ...
+
+    def price_feed(self, since: datetime | None = None) -> list[PriceTick]: ...
+
+    def reattach(self, run: RunHandle) -> RunHandle | None: ...

@@ -1,0 +1,339 @@
+"""The embedded default provider: a simulated spot market on this machine.
+
+Offers are real GCE GPU prices; each instance is a real local process (sim_host) with its
+own workspace, metadata endpoint and heartbeat, billed per second at its offer's price.
+Reclaims come from a schedule (none, a replayed trace, or an injected one).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Protocol
+
+from ..core.errors import NoCapacity, ResourceNotFound
+from ..core.execution import Resources
+from ..core.offers import Offer
+from .base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
+from .sim_host import write_json
+
+HEARTBEAT_STALE_S = 10.0
+
+
+def _ts(x: float | None) -> datetime | None:
+    return None if x is None else datetime.fromtimestamp(float(x), timezone.utc)
+
+
+def pid_alive(pid: int) -> bool:
+    """True if the process exists and is not a zombie (kill -0 alone counts zombies)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+class ReclaimSchedule(Protocol):
+    def reclaim_at(self, offer: Offer, start_wall: float) -> float | None:
+        """Wall-clock time at which an instance of `offer` started at `start_wall` is reclaimed."""
+
+
+class NoReclaims:
+    def reclaim_at(self, offer: Offer, start_wall: float) -> float | None:  # noqa: ARG002
+        return None
+
+
+def default_offers() -> list[Offer]:
+    """GCE GPU offers at the latest shipped price, relabelled as the sim market's."""
+    from ..catalog.gce import gce_offers
+
+    out = []
+    for o in gce_offers():
+        if o.usd_per_gpu_second_spot is None:
+            continue
+        out.append(o.model_copy(update={"provider": "sim", "offer_id": "sim:" + o.offer_id.split(":", 1)[-1]}))
+    return out
+
+
+class SimProvider:
+    name = "sim"
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        offers: list[Offer] | None = None,
+        schedule: ReclaimSchedule | None = None,
+        notice_seconds: float = 120.0,
+        grace_seconds: float = 5.0,
+        price_feed: Callable[[datetime | None], list[PriceTick]] | None = None,
+    ):
+        self.root = Path(root).resolve()
+        self.instances = self.root / "instances"
+        self.instances.mkdir(parents=True, exist_ok=True)
+        self._offers = offers
+        self.schedule = schedule or NoReclaims()
+        self.notice_seconds = notice_seconds
+        self.grace_seconds = grace_seconds
+        self._price_feed = price_feed
+
+    # ---- offers -------------------------------------------------------------------
+    def list_offers(self, resources: Resources | None = None) -> list[Offer]:
+        if self._offers is None:
+            self._offers = default_offers()
+        offers = self._offers
+        if resources is not None:
+            offers = [o for o in offers if _fits(o, resources)]
+        return offers
+
+    # ---- instances ----------------------------------------------------------------
+    def _dir(self, instance_id: str) -> Path:
+        return self.instances / instance_id
+
+    def _state(self, instance_id: str) -> dict:
+        try:
+            return json.loads((self._dir(instance_id) / "state.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def provision(self, offer: Offer, *, tags: dict[str, str]) -> InstanceHandle:
+        instance_id = f"sim-{uuid.uuid4().hex[:10]}"
+        d = self._dir(instance_id)
+        d.mkdir(parents=True)
+        start = time.time()
+        spec = {
+            "instance_id": instance_id,
+            "offer": json.loads(offer.model_dump_json()),
+            "usd_per_second": offer.usd_per_second,
+            "reclaim_at": self.schedule.reclaim_at(offer, start),
+            "notice_seconds": self.notice_seconds,
+            "grace_seconds": self.grace_seconds,
+            "tags": tags,
+        }
+        write_json(d / "instance.json", spec)
+        with open(d / "host.log", "ab") as log:
+            # A session of its own: the host outlives the Dagster run that rented it.
+            subprocess.Popen(
+                [sys.executable, "-m", "orbit_dagster.providers.sim_host", str(d)],
+                start_new_session=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            state = self._state(instance_id)
+            if state.get("metadata_port"):
+                return InstanceHandle(
+                    provider=self.name,
+                    instance_id=instance_id,
+                    offer=offer,
+                    started_at=_ts(state["started_at"]),
+                    address={"dir": str(d), "metadata_url": f"http://127.0.0.1:{state['metadata_port']}"},
+                )
+            time.sleep(0.05)
+        raise NoCapacity(f"sim instance {instance_id} did not boot within 20 s", provider=self.name)
+
+    def instance_alive(self, instance: InstanceHandle) -> bool:
+        state = self._state(instance.instance_id)
+        if state.get("status") != "running":
+            return False
+        if not pid_alive(int(state["pid"])):
+            return False
+        return time.time() - float(state.get("heartbeat_at", 0)) < HEARTBEAT_STALE_S
+
+    def instance_times(self, instance: InstanceHandle) -> InstanceTimes:
+        state = self._state(instance.instance_id)
+        if not state:
+            raise ResourceNotFound(f"sim instance {instance.instance_id} is unknown", provider=self.name)
+        stopped = state.get("stopped_at")
+        reason = state.get("reason")
+        if stopped is None and not self.instance_alive(instance):
+            # Vanished without a goodbye: the meter stopped at its last heartbeat.
+            stopped, reason = state.get("heartbeat_at"), "host lost"
+        return InstanceTimes(started_at=_ts(state["started_at"]), stopped_at=_ts(stopped), reason=reason)
+
+    def terminate(self, instance: InstanceHandle, reason: str) -> InstanceTimes:
+        d = self._dir(instance.instance_id)
+        if not d.exists():
+            raise ResourceNotFound(f"sim instance {instance.instance_id} is unknown", provider=self.name)
+        if self.instance_alive(instance):
+            write_json(d / "terminate.json", {"reason": reason, "at": time.time()})
+            deadline = time.time() + self.grace_seconds + 15
+            while time.time() < deadline and self._state(instance.instance_id).get("status") == "running":
+                if not pid_alive(int(self._state(instance.instance_id)["pid"])):
+                    break
+                time.sleep(0.05)
+        return self.instance_times(instance)
+
+    def kill(self, instance: InstanceHandle) -> None:
+        """Chaos: the machine vanishes with no notice (SIGKILL to the host and its workload)."""
+        state = self._state(instance.instance_id)
+        try:
+            os.killpg(os.getpgid(int(state["pid"])), signal.SIGKILL)
+        except (ProcessLookupError, KeyError):
+            pass
+
+    def inject_reclaim(self, instance: InstanceHandle, *, in_seconds: float, notice_seconds: float | None = None) -> None:
+        """Schedule a reclaim `in_seconds` from now (the market operator's override)."""
+        write_json(
+            self._dir(instance.instance_id) / "reclaim.json",
+            {"reclaim_at": time.time() + in_seconds, "notice_seconds": notice_seconds or self.notice_seconds},
+        )
+
+    def notices(self, instance: InstanceHandle) -> list[Notice]:
+        url = instance.address.get("metadata_url")
+        if not url or not self.instance_alive(instance):
+            return []
+        try:
+            with urllib.request.urlopen(url + "/latest/meta-data/spot/instance-action", timeout=2) as resp:
+                body = json.loads(resp.read().decode())
+        except (urllib.error.URLError, OSError, ValueError):
+            return []
+        deadline = datetime.fromisoformat(body["time"].replace("Z", "+00:00"))
+        return [Notice(instance_id=instance.instance_id, action=body.get("action", "terminate"), deadline=deadline,
+                       received_at=datetime.now(timezone.utc), source="metadata")]
+
+    # ---- workloads ----------------------------------------------------------------
+    def launch(self, instance: InstanceHandle, bundle_dir: Path, spec: LaunchSpec) -> RunHandle:
+        d = self._dir(instance.instance_id)
+        work = d / "work"
+        if (d / "launch.json").exists():
+            raise NoCapacity(f"sim instance {instance.instance_id} already runs a workload", provider=self.name, retryable=False)
+        staged = work / "bundle"
+        shutil.copytree(bundle_dir, staged, ignore=shutil.ignore_patterns("artifacts"))
+        (staged / "artifacts").mkdir(exist_ok=True)
+        argv = agent_argv(sys.executable, staged, work, spec, instance.address.get("metadata_url"))
+        env = {
+            "PYTHONPATH": str(staged / "runtime"),
+            "OMP_NUM_THREADS": str(_threads(staged)),
+            "PYTHONUNBUFFERED": "1",
+            **spec.env,
+        }
+        write_json(d / "launch.json", {"argv": argv, "cwd": str(work), "env": env, "forward_env": list(spec.secret_env)})
+        return RunHandle(
+            provider=self.name,
+            instance=instance,
+            run_ref=str(work),
+            task=spec.task,
+            attempt=spec.attempt,
+            launched_at=datetime.now(timezone.utc),
+        )
+
+    def status(self, run: RunHandle) -> RunStatus:
+        d = self._dir(run.instance.instance_id)
+        state = self._state(run.instance.instance_id)
+        exit_info = _read_json(Path(run.run_ref) / "artifacts" / "exit.json")
+        child_exit = _read_json(d / "child_exit.json")
+        if state.get("status") == "reclaimed":
+            return RunStatus(state="lost", failure_class="reclaim", reason="spot instance reclaimed")
+        if child_exit is not None or exit_info is not None:
+            if exit_info is not None:
+                return RunStatus(
+                    state="exited",
+                    exit_code=int(exit_info["code"]),
+                    failure_class=exit_info.get("failure_class"),
+                    reason=exit_info.get("reason", ""),
+                    last_step=exit_info.get("last_step"),
+                )
+            rc = int(child_exit["returncode"])
+            return RunStatus(state="exited", exit_code=rc, failure_class="crash", reason=f"agent ended without an exit file (rc {rc})")
+        if not self.instance_alive(run.instance):
+            return RunStatus(state="lost", failure_class="reclaim", reason=state.get("reason") or "host lost (no heartbeat)")
+        return RunStatus(state="running" if (d / "child.json").exists() else "starting")
+
+    def read_events(self, run: RunHandle, offset: int) -> tuple[list[dict], int]:
+        return read_event_file(Path(run.run_ref) / "artifacts" / "events.jsonl", offset)
+
+    def logs(self, run: RunHandle, tail_lines: int = 200) -> str:
+        path = Path(run.run_ref) / "agent.log"
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-tail_lines:])
+        except FileNotFoundError:
+            return ""
+
+    def collect(self, run: RunHandle, dest: Path) -> list[Path]:
+        src = Path(run.run_ref) / "artifacts"
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        copied = []
+        for f in [*(src.glob("*") if src.is_dir() else []), Path(run.run_ref) / "agent.log"]:
+            if f.is_file():
+                shutil.copy2(f, dest / f.name)
+                copied.append(dest / f.name)
+        return copied
+
+    def price_feed(self, since: datetime | None = None) -> list[PriceTick]:
+        return self._price_feed(since) if self._price_feed else []
+
+    def reattach(self, run: RunHandle) -> RunHandle | None:
+        if not self._dir(run.instance.instance_id).exists():
+            return None
+        return run if self.status(run).state in ("starting", "running", "exited") else None
+
+
+def read_event_file(path: Path, offset: int) -> tuple[list[dict], int]:
+    """Whole event lines after byte `offset`, and the offset after the last whole line."""
+    from ..runtime.events import parse_events
+
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+    except FileNotFoundError:
+        return [], offset
+    end = chunk.rfind(b"\n") + 1
+    events, _ = parse_events(chunk[:end].decode("utf-8", errors="replace"))
+    return events, offset + end
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _threads(bundle: Path) -> int:
+    job = json.loads((bundle / "job.json").read_text())
+    return int(job["template_snapshot"].get("resources", {}).get("cpu_threads", 1))
+
+
+def _fits(offer: Offer, r: Resources) -> bool:
+    if r.gpu not in ("any", "", None) and offer.gpu.lower() != r.gpu.lower():
+        return False
+    return offer.gpu_count >= r.gpu_count and offer.gpu_memory_gb >= r.gpu_memory_gb
+
+
+def agent_argv(python: str, bundle: Path, workdir: Path, spec: LaunchSpec, metadata_url: str | None) -> list[str]:
+    """The runtime agent's command line, as an argv list (never a shell string)."""
+    argv = [python, "-m", "orbit_dagster.runtime.agent", str(bundle), "--workdir", str(workdir),
+            "--task", spec.task, "--attempt", str(spec.attempt), "--store", spec.store_uri]
+    if spec.resume_from:
+        argv += ["--resume-from", spec.resume_from]
+    if spec.eval_checkpoint:
+        argv += ["--checkpoint", spec.eval_checkpoint]
+    if spec.checkpoint_every:
+        argv += ["--checkpoint-every", str(spec.checkpoint_every)]
+    if spec.memory_every:
+        argv += ["--memory-every", str(spec.memory_every)]
+    if metadata_url:
+        argv += ["--metadata-url", metadata_url]
+    if spec.probe:
+        argv.append("--probe")
+    return argv + list(spec.extra_args)

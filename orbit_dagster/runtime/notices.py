@@ -1,0 +1,87 @@
+"""Reclaim-notice watcher: the cloud's metadata endpoint, and SIGTERM.
+
+AWS publishes `GET /latest/meta-data/spot/instance-action` (404 until a reclaim is
+scheduled, then `{"action": "terminate", "time": ISO8601}`) about two minutes before the
+end; GCP gives 30 s and sends ACPI shutdown (SIGTERM to us). The simulated market serves
+the same endpoint on loopback, so this code path is the one production uses.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime
+from typing import Callable
+
+INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
+
+
+def parse_notice_time(text: str) -> float | None:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except (ValueError, AttributeError):
+        return None
+
+
+class NoticeWatcher:
+    """Sets `notice` (a dict with source, deadline, received_at) once; calls `on_notice`."""
+
+    def __init__(self, metadata_url: str | None, *, poll_s: float = 1.0, on_notice: Callable[[dict], None] | None = None):
+        self.metadata_url = metadata_url.rstrip("/") if metadata_url else None
+        self.poll_s = poll_s
+        self.on_notice = on_notice
+        self.notice: dict | None = None
+        self._event = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self._event.is_set()
+
+    def _fire(self, source: str, deadline: float | None) -> None:
+        if self._event.is_set():
+            return
+        self.notice = {"source": source, "deadline": deadline, "received_at": time.time()}
+        self._event.set()
+        if self.on_notice:
+            self.on_notice(self.notice)
+
+    def install_sigterm(self) -> None:
+        def handler(signum, frame):  # noqa: ARG001
+            self._fire("sigterm", None)
+
+        signal.signal(signal.SIGTERM, handler)
+
+    def poll_once(self) -> bool:
+        if not self.metadata_url or self._event.is_set():
+            return self._event.is_set()
+        try:
+            with urllib.request.urlopen(self.metadata_url + INSTANCE_ACTION_PATH, timeout=2) as resp:
+                body = json.loads(resp.read().decode() or "{}")
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return False
+            return False
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+        if body.get("action") in ("terminate", "stop", "hibernate"):
+            self._fire("metadata", parse_notice_time(body.get("time", "")))
+        return self._event.is_set()
+
+    def start(self) -> "NoticeWatcher":
+        if self.metadata_url and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="notice-watcher", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and not self._event.is_set():
+            self.poll_once()
+            self._stop.wait(self.poll_s)
+
+    def stop(self) -> None:
+        self._stop.set()

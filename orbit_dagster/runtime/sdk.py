@@ -1,0 +1,170 @@
+"""The workload's side of the agent: config, resume, metrics and checkpoints.
+
+A workload script defines `main(ctx: RunContext)` and calls `ctx.step_done(step, state_fn,
+metrics)` after every optimiser step; the context decides, per the recorded policy, when
+to snapshot in memory, when to write a durable checkpoint, and whether a reclaim notice
+requires an emergency checkpoint now (after which it raises `Preempted`).
+"""
+from __future__ import annotations
+
+import math
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..storage.base import CheckpointStore
+from .checkpointing import STATE_FILE, Checkpointer
+from .events import EventWriter
+from .notices import NoticeWatcher
+
+StateFn = Callable[[], dict[str, Any]]
+
+
+class Preempted(Exception):
+    """Raised in the workload after the emergency checkpoint: stop, the host is going away."""
+
+
+class Diverged(Exception):
+    """A training metric became NaN or infinite."""
+
+
+class RunContext:
+    def __init__(
+        self,
+        *,
+        job: dict,
+        bundle_dir: Path,
+        workdir: Path,
+        attempt: int,
+        events: EventWriter,
+        store: CheckpointStore | None,
+        watcher: NoticeWatcher,
+        checkpoint_every: int,
+        memory_every: int,
+        metrics_every: int = 10,
+        resume_from: str | None = None,
+        eval_checkpoint: str | None = None,
+        stop_after_step: int | None = None,
+    ):
+        self.job = job
+        self.job_id: str = job["job_id"]
+        self.template: dict = job["template_snapshot"]
+        self.config: dict = dict(self.template.get("config", {}))
+        self.threads: int = int(self.template.get("resources", {}).get("cpu_threads", 1))
+        self.bundle_dir = bundle_dir
+        self.inputs = bundle_dir / "inputs"
+        self.workdir = workdir
+        self.attempt = attempt
+        self.events = events
+        self.store = store
+        self.watcher = watcher
+        self.checkpoint_every = max(1, int(checkpoint_every))
+        self.memory_every = max(1, int(memory_every))
+        self.metrics_every = max(1, int(metrics_every))
+        self.resume_from = resume_from
+        self.eval_checkpoint = eval_checkpoint
+        self.stop_after_step = stop_after_step  # for tests: simulate a crash after this step
+        self.checkpointer = (
+            Checkpointer(store, events, job_id=self.job_id, attempt=attempt, parent_uri=resume_from) if store else None
+        )
+        self._pending_metrics: dict[str, list[float]] = {}
+        self._last_metrics: dict[str, float] = {}
+        self._emergency_done = threading.Event()
+        self._step_lock = threading.Lock()
+        self.last_step: int | None = None
+        self.eval_metrics: dict[str, float] | None = None
+
+    # ---- resume -------------------------------------------------------------------
+    def _load(self, uri: str, purpose: str) -> dict[str, Any]:
+        if self.store is None:
+            raise RuntimeError("no checkpoint store configured")
+        dest = self.workdir / f"{purpose}-{uri.rstrip('/').rsplit('/', 1)[-1]}"
+        shutil.rmtree(dest, ignore_errors=True)
+        manifest = self.store.fetch(uri, dest)  # verifies every sha256
+        # weights_only=True: a checkpoint from a rented host is data, never code.
+        state = torch.load(dest / STATE_FILE, map_location="cpu", weights_only=True)
+        self.events.emit("resumed" if purpose == "resume" else "loaded", uri=uri, step=manifest.step, tier=manifest.tier)
+        return state
+
+    def resume_state(self) -> dict[str, Any] | None:
+        """The state to continue from (None: start from scratch)."""
+        return self._load(self.resume_from, "resume") if self.resume_from else None
+
+    def load_eval_checkpoint(self) -> dict[str, Any]:
+        if not self.eval_checkpoint:
+            raise RuntimeError("this run has no checkpoint to evaluate")
+        return self._load(self.eval_checkpoint, "eval")
+
+    # ---- progress -----------------------------------------------------------------
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            v = float(v)
+            if math.isnan(v) or math.isinf(v):
+                self.events.emit("metrics", step=step, values={k: str(v)})
+                raise Diverged(f"metric {k} is {v} at step {step}")
+            self._pending_metrics.setdefault(k, []).append(v)
+
+    def _flush_metrics(self, step: int) -> dict[str, float]:
+        if self._pending_metrics:
+            # The mean since the last report: a smoother figure than one noisy batch.
+            self._last_metrics = {k: sum(v) / len(v) for k, v in self._pending_metrics.items()}
+            self._pending_metrics = {}
+            self.events.emit("metrics", step=step, values=self._last_metrics)
+        return dict(self._last_metrics)
+
+    def step_done(self, step: int, state_fn: StateFn, metrics: dict[str, float] | None = None, *, final: bool = False) -> None:
+        """Call after each optimiser step; `step` counts completed steps."""
+        if metrics:
+            self.log_metrics(step, metrics)
+        with self._step_lock:
+            self.last_step = step
+            if step % self.metrics_every == 0 or final:
+                self._flush_metrics(step)
+            ck = self.checkpointer
+            if ck is None:
+                return
+            if self.watcher.pending:
+                self.events.emit("progress", step=step)
+                ck.save_emergency(step, state_fn(), self._flush_metrics(step), source=self.watcher.notice["source"])
+                self._emergency_done.set()
+                raise Preempted(f"reclaim notice ({self.watcher.notice['source']}); emergency checkpoint at step {step}")
+            if final or step % self.checkpoint_every == 0:
+                self.events.emit("progress", step=step)
+                ck.save_durable_async(step, state_fn(), self._flush_metrics(step))
+            elif step % self.memory_every == 0:
+                ck.snapshot_memory(step, state_fn(), self._last_metrics)
+        if self.stop_after_step is not None and step >= self.stop_after_step:
+            raise SystemExit(99)  # test hook: an abrupt end without a final checkpoint
+
+    def on_notice_timeout(self, grace_s: float) -> None:
+        """If no step boundary comes soon after a notice, save the in-memory snapshot."""
+
+        def fallback() -> None:
+            if self._emergency_done.wait(grace_s) or self.checkpointer is None:
+                return
+            # The training thread is stuck in a long step: the snapshot is older but it is
+            # the newest state we can save before the deadline. If the step boundary comes
+            # after all, it saves a newer checkpoint too; both are complete and valid.
+            if self.checkpointer.emergency_from_memory(source="memory-snapshot"):
+                self._emergency_done.set()
+
+        threading.Thread(target=fallback, name="notice-fallback", daemon=True).start()
+
+    @property
+    def notice_pending(self) -> bool:
+        return self.watcher.pending
+
+    def report_eval(self, metrics: dict[str, float]) -> None:
+        self.eval_metrics = {k: float(v) for k, v in metrics.items()}
+        self.events.emit("evaluation", metrics=self.eval_metrics, checkpoint=self.eval_checkpoint)
+
+    def close(self) -> None:
+        if self.checkpointer:
+            self.checkpointer.close()
+
+    def elapsed(self, t0: float) -> float:
+        return time.time() - t0

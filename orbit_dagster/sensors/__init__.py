@@ -1,0 +1,1 @@
+"""Sensors: the queue, new checkpoints, follow-ups (best, cost), interruptions."""

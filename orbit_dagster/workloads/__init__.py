@@ -1,0 +1,1 @@
+"""Example workloads. Each is a directory of scripts whose `main(ctx)` the runtime agent calls."""

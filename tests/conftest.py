@@ -1,0 +1,28 @@
+"""Shared fixtures. Real data from the shared data set is read in place, never copied."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path | None:
+    """`$ORBIT_SHARED_DATA`, else `../shared/data` beside the checkout; None when absent."""
+    explicit = os.environ.get("ORBIT_SHARED_DATA")
+    candidates = [Path(explicit)] if explicit else []
+    candidates.append(REPO.parent / "shared" / "data")
+    for c in candidates:
+        if c.is_dir():
+            return c
+    return None
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    d = shared_data_dir()
+    if d is None:
+        pytest.skip("needs the shared public data set (../shared/data or $ORBIT_SHARED_DATA); absent on this machine")
+    return d
