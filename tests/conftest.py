@@ -26,3 +26,13 @@ def shared_data() -> Path:
     if d is None:
         pytest.skip("needs the shared public data set (../shared/data or $ORBIT_SHARED_DATA); absent on this machine")
     return d
+
+
+@pytest.fixture(autouse=True)
+def orbit_home(tmp_path, monkeypatch) -> Path:
+    """Every test gets its own $ORBIT_HOME: nothing leaks between tests or into the checkout."""
+    home = tmp_path / "orbit-home"
+    monkeypatch.setenv("ORBIT_HOME", str(home))
+    monkeypatch.delenv("ORBIT_CHECKPOINT_STORE", raising=False)
+    monkeypatch.delenv("ORBIT_TEMPLATES", raising=False)
+    return home

@@ -224,9 +224,7 @@ class Ledger:
                         f"""SELECT {cols} FROM (SELECT *, filename AS _c FROM read_parquet(?, union_by_name=true, filename=true))
                         QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY _c {direction}) = 1 ORDER BY _c""",
                         [files],
-                    ).arrow()
-                    if hasattr(arrow, "read_all"):
-                        arrow = arrow.read_all()
+                    ).to_arrow_table()
                     self._write_parquet(tmp / f"{t.name}.parquet", arrow.cast(t.schema))
             finally:
                 con.close()

@@ -1,0 +1,37 @@
+"""Offer catalog: GPU specs, provider price tables, reliability, ranking.
+
+Pure code: reads the derived tables shipped in `orbit_dagster/data/` (rebuilt by
+`python -m orbit_dagster.catalog.build_data SHARED_DATA_DIR`) and never imports Dagster,
+boto3 or paramiko. Submodules: `gpus` (names, specs), `gce` and `aws` (provider tables),
+`offers` (assembly, ranking, diffs, CLI output).
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+
+from orbit_dagster.core.errors import OrbitError
+
+
+class CatalogError(OrbitError):
+    """Catalog data or a catalog query is wrong: names the field, the value and the fix."""
+
+
+def shipped_file(name: str) -> Path:
+    """Path of a derived table shipped in `orbit_dagster/data/`; a clear error when it is missing."""
+    path = Path(str(resources.files("orbit_dagster") / "data" / name))
+    if not path.is_file():
+        raise CatalogError(
+            f"shipped catalog table {name!r} is missing from orbit_dagster/data",
+            field="data file", value=name,
+            fix="rebuild it: python -m orbit_dagster.catalog.build_data SHARED_DATA_DIR",
+        )
+    return path
+
+
+def as_utc(at: datetime | None) -> datetime | None:
+    """Aware UTC time; a naive datetime is taken as UTC, like every time in the catalog."""
+    if at is None:
+        return None
+    return at.replace(tzinfo=timezone.utc) if at.tzinfo is None else at.astimezone(timezone.utc)

@@ -1,0 +1,16 @@
+"""One real Dagster instance (daemon and sensors ticking) shared by the end-to-end tests."""
+import pytest
+
+from orbit_dagster.control.settings import Settings
+from orbit_dagster.demo import run_demo
+
+# Small enough for CI, large enough for four checkpoints and their evaluations.
+E2E_OVERRIDES = {"config.steps": 48, "checkpoint.every_steps": 12}
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    home = tmp_path_factory.mktemp("e2e") / "orbit-home"
+    settings = Settings.from_env(home)
+    result = run_demo(settings, overrides=E2E_OVERRIDES, experiment="e2e", timeout_s=900)
+    return settings, result

@@ -1,0 +1,83 @@
+"""The control plane without Dagster, on the real sim market: submit -> train -> evaluate -> best -> cost."""
+import json
+import math
+
+import pytest
+
+from orbit_dagster.control.attempt import run_attempt
+from orbit_dagster.control.best import compute_best
+from orbit_dagster.control.evaluate import evaluate_checkpoint
+from orbit_dagster.control.settings import Settings
+from orbit_dagster.control.submit import retry, submit
+from orbit_dagster.core.errors import OrbitError
+
+FAST = {"config.steps": 24, "checkpoint.every_steps": 8}
+
+
+@pytest.fixture
+def settings(orbit_home):
+    return Settings.from_env(orbit_home)
+
+
+def test_a_job_trains_checkpoints_evaluates_ranks_and_bills(settings):
+    job = submit(settings, "charlm-finetune", FAST, experiment="exp")
+    out = run_attempt(settings, job)
+    assert out.state == "SUCCEEDED" and out.last_step == 24
+    ledger = settings.ledger()
+    ckpts = ledger.rows("SELECT * FROM checkpoints WHERE job_id = ? ORDER BY step", [job])
+    assert [c["step"] for c in ckpts] == [8, 16, 24]
+    assert [c["parent_key"] for c in ckpts] == [None, f"{job}/8", f"{job}/16"]
+    assert all(c["tier"] == "durable" and c["bytes"] > 0 and len(c["sha256"]) == 64 for c in ckpts)
+
+    results = [evaluate_checkpoint(settings, c["checkpoint_key"]) for c in ckpts]
+    assert all({"eval/loss", "eval/accuracy"} <= set(r["metrics"]) for r in results)
+    best = compute_best(settings, "exp")
+    losses = {r["checkpoint_key"]: r["metrics"]["eval/loss"] for r in results}
+    assert best["checkpoint_key"] == min(losses, key=losses.get)
+    assert best["metric_name"] == "eval/loss" and best["resolved_from"] == "experiment"
+    assert [c["checkpoint_key"] for c in best["lineage"]][-1] == f"{job}/8"
+
+    # The bill adds up: attributed cost == instance seconds x offer price (within 1%).
+    usage = ledger.rows("SELECT sum(seconds * usd_per_second) AS billed FROM instance_usage WHERE job_id = ?", [job])[0]
+    attributed = ledger.scalar("SELECT sum(usd) FROM costs WHERE job_id = ?", [job])
+    assert math.isclose(attributed, usage["billed"], rel_tol=0.01)
+    per_ckpt = ledger.rows("SELECT * FROM cost_by_checkpoint WHERE job_id = ?", [job])
+    assert {r["checkpoint_key"] for r in per_ckpt} == {c["checkpoint_key"] for c in ckpts}
+    assert all(r["eval_usd"] > 0 and r["train_usd"] > 0 for r in per_ckpt)
+
+
+def test_rerunning_a_finished_bundle_reproduces_the_weights(settings):
+    job = submit(settings, "charlm-finetune", FAST, experiment="repro")
+    run_attempt(settings, job)
+    assert retry(settings, job, from_scratch=True) == 2
+    out = run_attempt(settings, job)
+    assert out.state == "SUCCEEDED" and out.attempt == 2
+
+    def final(attempt):
+        lines = (settings.artifacts_dir / job / f"attempt-{attempt}" / "events.jsonl").read_text().splitlines()
+        return [json.loads(x) for x in lines if '"checkpoint"' in x][-1]["weights_sha256"]
+
+    assert final(1) == final(2)
+
+
+def test_retry_changes_config_only_through_the_whitelist(settings):
+    job = submit(settings, "charlm-finetune", FAST)
+    run_attempt(settings, job)
+    with pytest.raises(OrbitError) as err:
+        retry(settings, job, {"config.d_model": 16})
+    assert "config.d_model" in str(err.value)
+    assert settings.ledger().scalar("SELECT max(attempt) FROM job_states WHERE job_id = ?", [job]) == 1
+    assert retry(settings, job, {"config.steps": 32}) == 2
+    out = run_attempt(settings, job)
+    assert out.last_step == 32 and out.state == "SUCCEEDED"
+    ledger = settings.ledger()
+    assert ledger.rows("SELECT resume_from FROM runs WHERE run_id = ?", [f"{job}#2"]) == [{"resume_from": f"{job}/24"}]
+    assert ledger.scalar("SELECT count(*) FROM bundles WHERE job_id = ?", [job]) == 2
+
+
+def test_a_job_that_is_not_queued_is_not_launched_again(settings):
+    job = submit(settings, "charlm-finetune", FAST)
+    first = run_attempt(settings, job)
+    again = run_attempt(settings, job)  # the same attempt: reported, not relaunched
+    assert again.reattached and again.state == first.state
+    assert settings.ledger().scalar("SELECT count(*) FROM instances WHERE purpose = 'train' AND job_id = ?", [job]) == 1

@@ -1,0 +1,98 @@
+"""The runtime agent on a real bundle: checkpoints, bit-identical resume, emergency save."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orbit_dagster.core.bundle import build_bundle
+from orbit_dagster.core.submission import TaskSubmission, apply_overrides
+from orbit_dagster.core.templates import load_template
+
+SMALL = {"config.steps": 12, "checkpoint.every_steps": 4}
+
+
+def small_bundle(root: Path, **extra):
+    t = load_template("charlm-finetune")
+    t = apply_overrides(t, {**SMALL, **extra})
+    cfg = {**t.config, "d_model": 32, "n_heads": 2, "n_layers": 1, "seq_len": 32, "micro_batch": 4, "grad_accum": 1}
+    t = t.model_copy(update={"config": cfg})
+    return build_bundle(t, TaskSubmission(template=t.name), "job-agent", root / "bundles")
+
+
+def agent(bundle: Path, workdir: Path, store: Path, *args: str, wait=True):
+    env = {**os.environ, "PYTHONPATH": str(bundle / "runtime"), "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "orbit_dagster.runtime.agent", str(bundle), "--workdir", str(workdir),
+            "--store", store.as_uri(), *args]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if wait:
+        proc.wait(180)
+    return proc
+
+
+def events(workdir: Path) -> list[dict]:
+    return [json.loads(line) for line in (workdir / "artifacts" / "events.jsonl").read_text().splitlines()]
+
+
+def final_weights(workdir: Path) -> str:
+    return [e for e in events(workdir) if e["type"] == "checkpoint"][-1]["weights_sha256"]
+
+
+def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path):
+    b = small_bundle(tmp_path)
+    full = agent(b.path, tmp_path / "w1", tmp_path / "s1")
+    assert full.returncode == 0, full.stdout.read()
+    ck = [e for e in events(tmp_path / "w1") if e["type"] == "checkpoint"]
+    assert [e["step"] for e in ck] == [4, 8, 12]
+    assert (tmp_path / "w1" / "artifacts" / "runtime-precheck.log").read_text().startswith("bundle_sha256: " + b.bundle_hash)
+    crashed = agent(b.path, tmp_path / "w2", tmp_path / "s2", "--stop-after-step", "6")
+    assert crashed.returncode == 99
+    resume = (tmp_path / "s2" / "job-agent" / "step-000000004").as_uri()
+    resumed = agent(b.path, tmp_path / "w2", tmp_path / "s2", "--attempt", "2", "--resume-from", resume)
+    assert resumed.returncode == 0, resumed.stdout.read()
+    assert final_weights(tmp_path / "w2") == final_weights(tmp_path / "w1")
+    exit_info = json.loads((tmp_path / "w2" / "artifacts" / "exit.json").read_text())
+    assert exit_info["code"] == 0 and exit_info["last_step"] == 12
+
+
+def test_sigterm_takes_an_emergency_checkpoint_and_exits_as_preempted(tmp_path):
+    b = small_bundle(tmp_path, **{"config.steps": 100000, "checkpoint.every_steps": 1000})
+    proc = agent(b.path, tmp_path / "w", tmp_path / "s", wait=False)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        ev = events(tmp_path / "w") if (tmp_path / "w" / "artifacts" / "events.jsonl").exists() else []
+        if any(e["type"] == "metrics" for e in ev):
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 75
+    ev = events(tmp_path / "w")
+    emergency = [e for e in ev if e["type"] == "checkpoint" and e["tier"] == "emergency"]
+    assert len(emergency) == 1
+    exit_ev = [e for e in ev if e["type"] == "exit"][0]
+    assert exit_ev["failure_class"] == "reclaim" and exit_ev["last_step"] == emergency[0]["step"]
+    assert (Path(emergency[0]["uri"][len("file://"):]) / "manifest.json").is_file()
+
+
+def test_tampered_bundle_refuses_to_run(tmp_path):
+    b = small_bundle(tmp_path)
+    (b.path / "scripts" / "train.py").write_text("raise SystemExit('tampered')\n")
+    proc = agent(b.path, tmp_path / "w", tmp_path / "s")
+    assert proc.returncode == 65
+    assert json.loads((tmp_path / "w" / "artifacts" / "exit.json").read_text())["failure_class"] == "user_error"
+
+
+@pytest.mark.parametrize("override,code,cls", [
+    ({"config.lr": -1.0}, 1, "user_error"),
+    ({"config.device_memory_mb": 0.01}, 3, "oom"),
+    ({"config.lr": 1e12}, 4, "divergence"),
+])
+def test_failures_are_classified(tmp_path, override, code, cls):
+    b = small_bundle(tmp_path, **override)
+    proc = agent(b.path, tmp_path / "w", tmp_path / "s")
+    info = json.loads((tmp_path / "w" / "artifacts" / "exit.json").read_text())
+    assert (proc.returncode, info["failure_class"]) == (code, cls), info

@@ -1,0 +1,46 @@
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from orbit_dagster.runtime.notices import NoticeWatcher
+
+
+def test_watcher_reads_the_aws_instance_action_endpoint():
+    state = {"notice": False}
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/latest/meta-data/spot/instance-action" and state["notice"]:
+                body = json.dumps({"action": "terminate", "time": "2030-01-01T00:02:00Z"}).encode()
+                self.send_response(200)
+            else:
+                body = b"Not Found"
+                self.send_response(404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    seen = []
+    w = NoticeWatcher(f"http://127.0.0.1:{server.server_address[1]}", poll_s=0.05, on_notice=seen.append)
+    assert w.poll_once() is False  # 404: no notice yet
+    w.start()
+    time.sleep(0.2)
+    assert not w.pending
+    state["notice"] = True
+    deadline = time.time() + 5
+    while not w.pending and time.time() < deadline:
+        time.sleep(0.02)
+    server.shutdown()
+    assert w.pending and seen and seen[0]["source"] == "metadata"
+    assert seen[0]["deadline"] == 1893456120.0
+
+
+def test_unreachable_endpoint_is_not_a_notice():
+    w = NoticeWatcher("http://127.0.0.1:9", poll_s=0.05)
+    assert w.poll_once() is False and not w.pending
