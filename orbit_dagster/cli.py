@@ -177,6 +177,20 @@ def sql(query: str, as_json: bool) -> None:
 
 
 @cli.command()
+@click.option("--gpu", default=None, help="GPU model or family, e.g. H100, A100, L4")
+@click.option("--max-price", type=float, default=None, metavar="USD_PER_GPU_HOUR")
+@click.option("--json", "as_json", is_flag=True)
+def offers(gpu: str | None, max_price: float | None, as_json: bool) -> None:
+    """Rentable offers, cheapest per effective TFLOP-hour first (ledger reclaims and probes folded in)."""
+    from .catalog.offers import offers_command
+    from .control.observations import observed_reclaims, measured_tflops
+
+    ledger = _settings().ledger()
+    click.echo(offers_command(gpu, max_price, as_json, observed=observed_reclaims(ledger),
+                              measured=measured_tflops(ledger)))
+
+
+@cli.command()
 def templates() -> None:
     """List the shipped and user templates."""
     from .core.templates import list_templates

@@ -88,6 +88,12 @@ class AttemptMonitor:
                 key = R.checkpoint_key(self.job_id, int(ev["step"]))
                 if key in self.registered:
                     continue
+                try:
+                    ev = self.provider.localize_checkpoint(self.handle, ev, self.settings.store_uri)
+                except (OSError, ProviderError) as exc:
+                    other.append(R.event("checkpoint_rejected", job_id=self.job_id, run_id=self.run_id, checkpoint=key,
+                                         reason=f"could not copy it from the host: {exc}"))
+                    continue
                 problem = C.verify_event(self.settings.store_uri, ev)
                 if problem:
                     other.append(R.event("checkpoint_rejected", job_id=self.job_id, run_id=self.run_id, checkpoint=key,
@@ -181,8 +187,8 @@ def dispatch(settings: Settings, ledger: Ledger, job: dict, *, dagster_run_id: s
         spec = LaunchSpec(
             task="train",
             attempt=attempt,
-            store_uri=settings.store_uri,
-            resume_from=resume["uri"] if resume else None,
+            store_uri=provider.host_store_uri(instance, settings.store_uri),
+            resume_from=provider.stage_checkpoint(instance, resume["uri"]) if resume else None,
             checkpoint_every=template.checkpoint.every_steps,
             memory_every=template.checkpoint.memory_every_steps,
             env=dict(bundle.spec.execution_request.env),

@@ -39,7 +39,8 @@ def evaluate_checkpoint(settings: Settings, checkpoint_key: str, *, suite: str |
         ledger.commit({"instances": [_instance_row(instance, "eval", ckpt["job_id"], None, checkpoint_key)]})
         t0 = time.time()
         handle = provider.launch(instance, bundle.path, LaunchSpec(
-            task="eval", attempt=attempt, store_uri=settings.store_uri, eval_checkpoint=ckpt["uri"],
+            task="eval", attempt=attempt, store_uri=provider.host_store_uri(instance, settings.store_uri),
+            eval_checkpoint=provider.stage_checkpoint(instance, ckpt["uri"]),
             env=dict(bundle.spec.execution_request.env), secret_env=tuple(bundle.spec.execution_request.secret_env)))
         offset, metrics = 0, None
         while True:

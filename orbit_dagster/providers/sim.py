@@ -24,6 +24,7 @@ from ..core.errors import NoCapacity, ResourceNotFound
 from ..core.execution import Resources
 from ..core.offers import Offer
 from .base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
+from .common import agent_argv, read_event_file
 from .sim_host import write_json
 
 HEARTBEAT_STALE_S = 10.0
@@ -286,20 +287,15 @@ class SimProvider:
             return None
         return run if self.status(run).state in ("starting", "running", "exited") else None
 
+    # Sim hosts share this machine's filesystem: they write straight into the store.
+    def localize_checkpoint(self, run: RunHandle, event: dict, store_uri: str) -> dict:  # noqa: ARG002
+        return event
 
-def read_event_file(path: Path, offset: int) -> tuple[list[dict], int]:
-    """Whole event lines after byte `offset`, and the offset after the last whole line."""
-    from ..runtime.events import parse_events
+    def stage_checkpoint(self, instance: InstanceHandle, uri: str) -> str:  # noqa: ARG002
+        return uri
 
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            chunk = fh.read()
-    except FileNotFoundError:
-        return [], offset
-    end = chunk.rfind(b"\n") + 1
-    events, _ = parse_events(chunk[:end].decode("utf-8", errors="replace"))
-    return events, offset + end
+    def host_store_uri(self, instance: InstanceHandle, store_uri: str) -> str:  # noqa: ARG002
+        return store_uri
 
 
 def _read_json(path: Path) -> dict | None:
@@ -318,22 +314,3 @@ def _fits(offer: Offer, r: Resources) -> bool:
     if r.gpu not in ("any", "", None) and offer.gpu.lower() != r.gpu.lower():
         return False
     return offer.gpu_count >= r.gpu_count and offer.gpu_memory_gb >= r.gpu_memory_gb
-
-
-def agent_argv(python: str, bundle: Path, workdir: Path, spec: LaunchSpec, metadata_url: str | None) -> list[str]:
-    """The runtime agent's command line, as an argv list (never a shell string)."""
-    argv = [python, "-m", "orbit_dagster.runtime.agent", str(bundle), "--workdir", str(workdir),
-            "--task", spec.task, "--attempt", str(spec.attempt), "--store", spec.store_uri]
-    if spec.resume_from:
-        argv += ["--resume-from", spec.resume_from]
-    if spec.eval_checkpoint:
-        argv += ["--checkpoint", spec.eval_checkpoint]
-    if spec.checkpoint_every:
-        argv += ["--checkpoint-every", str(spec.checkpoint_every)]
-    if spec.memory_every:
-        argv += ["--memory-every", str(spec.memory_every)]
-    if metadata_url:
-        argv += ["--metadata-url", metadata_url]
-    if spec.probe:
-        argv.append("--probe")
-    return argv + list(spec.extra_args)

@@ -1,0 +1,40 @@
+"""Pieces every provider shares: the agent's command line and the event-file reader."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .base import LaunchSpec
+
+
+def agent_argv(python: str, bundle: Path, workdir: Path, spec: LaunchSpec, metadata_url: str | None) -> list[str]:
+    """The runtime agent's command line, as an argv list (never a shell string)."""
+    argv = [python, "-m", "orbit_dagster.runtime.agent", str(bundle), "--workdir", str(workdir),
+            "--task", spec.task, "--attempt", str(spec.attempt), "--store", spec.store_uri]
+    if spec.resume_from:
+        argv += ["--resume-from", spec.resume_from]
+    if spec.eval_checkpoint:
+        argv += ["--checkpoint", spec.eval_checkpoint]
+    if spec.checkpoint_every:
+        argv += ["--checkpoint-every", str(spec.checkpoint_every)]
+    if spec.memory_every:
+        argv += ["--memory-every", str(spec.memory_every)]
+    if metadata_url:
+        argv += ["--metadata-url", metadata_url]
+    if spec.probe:
+        argv.append("--probe")
+    return argv + list(spec.extra_args)
+
+
+def read_event_file(path: Path, offset: int) -> tuple[list[dict], int]:
+    """Whole event lines after byte `offset`, and the offset after the last whole line."""
+    from ..runtime.events import parse_events
+
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read()
+    except FileNotFoundError:
+        return [], offset
+    end = chunk.rfind(b"\n") + 1
+    events, _ = parse_events(chunk[:end].decode("utf-8", errors="replace"))
+    return events, offset + end
