@@ -1,0 +1,121 @@
+"""Fit the shipped reclaim model from a shared data directory.
+
+    python -m orbit_dagster.catalog.fit_reclaims SHARED_DATA_DIR [--out FILE]
+
+Reads every trace under ``SHARED_DATA_DIR/traces`` and the AWS spot-advisor CSV under
+``SHARED_DATA_DIR/prices`` (for each trace's interruption band), and writes derived figures
+only (shapes, means, rates, prices) to ``orbit_dagster/data/reclaim_model.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+from datetime import date
+from pathlib import Path
+
+from orbit_dagster.catalog.reclaim_model import MODEL_FILE, ReclaimModel, fit_reclaim_model, mean_trace_price
+from orbit_dagster.catalog.traces import Trace, load_traces
+from orbit_dagster.core.errors import OrbitError
+
+#: GPU tag in a trace name -> the AWS instance type the traces were collected on
+#: (skypilot-org/spot-traces: "v100_1" is p3.2xlarge, 1x V100).
+GPU_INSTANCE = {"v100": "p3.2xlarge", "k80": "p2.xlarge", "t4": "g4dn.xlarge", "a10g": "g5.xlarge"}
+#: On-demand list price, $/h, Linux, us-east-1 and us-west-2 (aws.amazon.com/ec2/pricing/on-demand,
+#: unchanged since the p3 launch). The spot-advisor savings % is printed beside it as a cross-check.
+ON_DEMAND_LIST_USD_PER_HOUR = {"p3.2xlarge": 3.06}
+ADVISOR_CSV = Path("prices") / "aws_spot_advisor_accelerators.csv"
+_NAME = re.compile(r"(?P<date>\d{4}-\d{2}-\d{2})_(?P<zone>[a-z]{2}-[a-z]+-\d[a-z]?)_(?P<gpu>[a-z0-9]+)_")
+
+
+def parse_trace_name(name: str) -> tuple[date, str, str] | None:
+    """(trace date, region, instance type) from a spot-traces file name, or None."""
+    m = _NAME.search(name)
+    if not m or m["gpu"] not in GPU_INSTANCE:
+        return None
+    zone = m["zone"]
+    region = zone[:-1] if zone[-1].isalpha() else zone
+    return date.fromisoformat(m["date"]), region, GPU_INSTANCE[m["gpu"]]
+
+
+def advisor_rows(data_dir: Path) -> list[dict[str, str]]:
+    path = data_dir / ADVISOR_CSV
+    if not path.is_file():
+        return []
+    with path.open(newline="") as fh:
+        return [r for r in csv.DictReader(fh) if r.get("os") == "Linux"]
+
+
+def advisor_entry(rows: list[dict[str, str]], when: date, region: str, itype: str) -> dict[str, str] | None:
+    """The spot-advisor row for (region, type) from the snapshot nearest to ``when`` (earlier on ties)."""
+    cands = [r for r in rows if r["region"] == region and r["instance_type"] == itype]
+    if not cands:
+        return None
+    return min(cands, key=lambda r: (abs((date.fromisoformat(r["snapshot"]) - when).days), r["snapshot"]))
+
+
+def fit_from_dir(data_dir: Path) -> ReclaimModel:
+    """Fit from every trace under ``data_dir`` with the spot-advisor bands found there."""
+    traces: list[Trace] = load_traces(data_dir)
+    if not traces:
+        raise OrbitError(f"no trace files under {data_dir}", field="SHARED_DATA_DIR", value=str(data_dir),
+                         fix="pass the shared data directory (it holds traces/ and prices/)")
+    return fit_from_traces(traces, advisor_rows(data_dir))
+
+
+def fit_from_traces(traces: list[Trace], rows: list[dict[str, str]]) -> ReclaimModel:
+    """Fit from these traces (the benchmark's leave-one-out refits call this directly)."""
+    bands: dict[str, int] = {}
+    notes: dict[str, str] = {}
+    itypes = set()
+    savings_seen: list[float] = []
+    spot = mean_trace_price(traces)
+    for t in traces:
+        parsed = parse_trace_name(t.name)
+        if not parsed:
+            continue
+        when, region, itype = parsed
+        itypes.add(itype)
+        entry = advisor_entry(rows, when, region, itype)
+        if entry is None:
+            continue
+        bands[t.name] = int(entry["interruption_index_r"])
+        savings = float(entry["savings_pct_s"])
+        savings_seen.append(savings)
+        if spot is not None and savings < 100:
+            notes[f"advisor {entry['snapshot']} {region} {itype}"] = (
+                f"band {entry['interruption_label']}, savings {savings:.0f}% -> implied on-demand "
+                f"{spot / (1 - savings / 100):.3f} $/h from the traces' mean spot price {spot:.3f} $/h")
+    od = [ON_DEMAND_LIST_USD_PER_HOUR[i] for i in sorted(itypes) if i in ON_DEMAND_LIST_USD_PER_HOUR]
+    if not od:
+        raise OrbitError("no on-demand list price for the traced instance types", field="instance_type",
+                         value=sorted(itypes), fix="add the type to ON_DEMAND_LIST_USD_PER_HOUR with its source")
+    notes["on_demand"] = "AWS on-demand list price of p3.2xlarge (Linux, us-east-1/us-west-2): 3.06 $/h"
+    notes["spot"] = "tick-weighted mean of the 'prices' field of the preemption traces"
+    if spot is None and savings_seen:  # no priced trace: the advisor's savings against the list price
+        spot = od[0] * (1 - sum(savings_seen) / len(savings_seen) / 100)
+        notes["spot"] = "on-demand list price x (1 - mean spot-advisor savings) (no trace carried prices)"
+    return fit_reclaim_model(traces, bands=bands, on_demand_usd_per_hour=od[0],
+                             default_spot_usd_per_hour=spot, notes=notes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m orbit_dagster.catalog.fit_reclaims", description=__doc__.split("\n")[0])
+    ap.add_argument("data_dir", type=Path, help="the shared data directory (holds traces/ and prices/)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "data" / MODEL_FILE)
+    args = ap.parse_args(argv)
+    try:
+        model = fit_from_dir(args.data_dir)
+    except OrbitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(model.to_json())
+    print(f"wrote {args.out.name}: up shape {model.up_shape:.3f}, down shape {model.down_shape:.3f}, "
+          f"mean zone rate {model.mean_rate_per_hour:.3f}/h over {len(model.fitted_from)} traces")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
