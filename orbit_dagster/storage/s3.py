@@ -1,0 +1,316 @@
+"""Checkpoint store on S3 (or anything that speaks its API: moto, MinIO).
+
+Layout: `s3://bucket/prefix/<job>/<name>/<file>` plus `<name>/manifest.json`, the same
+as the filesystem store. S3 has no rename, so completeness comes from order: every file
+is uploaded first (large ones by multipart upload, which S3 makes visible only on
+CompleteMultipartUpload, and which is aborted on any failure), then the manifest, as one
+PUT. `list()` shows only directories with a manifest, so a checkpoint cut off half-way is
+never seen; `verify()` and `fetch()` re-hash every object against the manifest, so one
+truncated or changed afterwards is rejected with the key named.
+
+This module travels inside every bundle: stdlib only at import, boto3 imported when the
+first client is made. Endpoint, region and credentials come from boto3's standard chain
+(`AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL`, `AWS_PROFILE`, env, instance role); nothing
+here reads a secret. Tuning: `ORBIT_S3_MULTIPART_THRESHOLD` and `ORBIT_S3_PART_SIZE`
+(bytes), so a launch can set them through the host's environment.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+from .base import MANIFEST, CheckpointManifest, StoreError
+
+MIB = 1 << 20
+MIN_PART_SIZE = 5 * MIB  # S3's rule for every part but the last
+MAX_PARTS = 10_000
+DEFAULT_THRESHOLD = 64 * MIB
+DEFAULT_PART_SIZE = 16 * MIB
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+# Client settings that change which client we need; credentials are left to boto3's chain.
+_CLIENT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION")
+_clients: dict[tuple, Any] = {}
+_clients_lock = threading.Lock()
+
+
+class S3StoreError(StoreError):
+    """A StoreError caused by S3 itself; `code` is AWS's error code, `__cause__` the botocore error."""
+
+    def __init__(self, message: str, *, code: str = "", operation: str = ""):
+        self.code = code
+        self.operation = operation
+        super().__init__(message)
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/a/b` -> ("bucket", "a/b"); a clear StoreError for anything else."""
+    if not isinstance(uri, str) or not uri.startswith("s3://"):
+        raise StoreError(f"{uri!r} is not an s3:// uri; fix: write it as s3://BUCKET/PREFIX")
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    if not _BUCKET_RE.match(bucket):
+        raise StoreError(f"bucket {bucket!r} in {uri!r} is not a valid S3 bucket name; "
+                         "fix: 3-63 characters of a-z, 0-9, '.' and '-'")
+    return bucket, key.strip("/")
+
+
+def _env_bytes(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise StoreError(f"{name}={raw!r} is not a number of bytes; fix: e.g. {name}={default}") from None
+    if value <= 0:
+        raise StoreError(f"{name}={raw!r} must be positive; fix: e.g. {name}={default}")
+    return value
+
+
+def default_client() -> Any:
+    """One boto3 S3 client per process and endpoint/profile/region setting (clients are thread-safe)."""
+    key = (os.getpid(), *(os.environ.get(k) for k in _CLIENT_ENV))
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            config = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10, read_timeout=60,
+                            user_agent_extra="orbit-dagster")
+            client = boto3.session.Session().client("s3", config=config)
+            _clients[key] = client
+        return client
+
+
+class S3Store:
+    def __init__(self, root_uri: str, *, client: Any = None, multipart_threshold: int | None = None,
+                 part_size: int | None = None, list_page_size: int | None = None):
+        self.bucket, self.prefix = parse_s3_uri(root_uri)
+        self.root_uri = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        self._client = client
+        self.multipart_threshold = multipart_threshold or _env_bytes("ORBIT_S3_MULTIPART_THRESHOLD", DEFAULT_THRESHOLD)
+        self.part_size = part_size or _env_bytes("ORBIT_S3_PART_SIZE", DEFAULT_PART_SIZE)
+        if self.part_size < MIN_PART_SIZE:
+            raise StoreError(f"S3 part size {self.part_size} is below S3's minimum of {MIN_PART_SIZE} bytes; "
+                             f"fix: set part_size / ORBIT_S3_PART_SIZE to at least {MIN_PART_SIZE}")
+        self.list_page_size = list_page_size
+        # What this store object did, for tests and benchmarks (not persisted anywhere).
+        self.stats = {"single_puts": 0, "multipart_uploads": 0, "parts": 0, "aborted_uploads": 0}
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = default_client()
+        return self._client
+
+    # ---- names --------------------------------------------------------------------
+    def _key(self, *parts: str) -> str:
+        return "/".join(p.strip("/") for p in (self.prefix, *parts) if p and p.strip("/"))
+
+    def uri_for(self, job_id: str, name: str) -> str:
+        return f"s3://{self.bucket}/{self._key(job_id, name)}"
+
+    def _call(self, operation: str, key: str, **kw: Any) -> Any:
+        """One S3 call; a botocore error leaves as S3StoreError naming the key (cause kept)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return getattr(self.client, operation)(**kw)
+        except ClientError as exc:
+            code = str((exc.response.get("Error") or {}).get("Code") or "")
+            raise S3StoreError(_explain(operation, code, self.bucket if "Bucket" not in kw else kw["Bucket"], key),
+                               code=code, operation=operation) from exc
+        except BotoCoreError as exc:
+            raise S3StoreError(f"S3 {operation} of s3://{kw.get('Bucket', self.bucket)}/{key} failed: "
+                               f"{type(exc).__name__}: {exc}; fix: check the endpoint and the network, then retry",
+                               code=type(exc).__name__, operation=operation) from exc
+
+    # ---- write --------------------------------------------------------------------
+    def put(self, job_id: str, name: str, files: dict[str, bytes], manifest: CheckpointManifest) -> str:
+        base = self._key(job_id, name)
+        uri = f"s3://{self.bucket}/{base}"
+        for rel in files:
+            _check_rel(rel, uri)
+        if self._exists(f"{base}/{MANIFEST}"):
+            return uri  # already complete (a re-sent checkpoint): keep the first, as the fs store does
+        written: list[str] = []
+        try:
+            for rel, data in files.items():
+                key = f"{base}/{rel}"
+                self._upload(key, bytes(data))
+                written.append(key)
+            # Last, and one PUT: the checkpoint exists from this moment, complete.
+            self._call("put_object", f"{base}/{MANIFEST}", Bucket=self.bucket, Key=f"{base}/{MANIFEST}",
+                       Body=manifest.to_json().encode(), ContentType="application/json")
+        except BaseException:
+            self._delete_keys(written, quiet=True)  # invisible anyway without a manifest; tidy up
+            raise
+        return uri
+
+    def _upload(self, key: str, data: bytes) -> None:
+        if len(data) < self.multipart_threshold:
+            self._call("put_object", key, Bucket=self.bucket, Key=key, Body=data)
+            self.stats["single_puts"] += 1
+            return
+        part = max(self.part_size, -(-len(data) // MAX_PARTS))
+        upload = self._call("create_multipart_upload", key, Bucket=self.bucket, Key=key)["UploadId"]
+        try:
+            parts = []
+            for number, start in enumerate(range(0, len(data), part), 1):
+                resp = self._call("upload_part", key, Bucket=self.bucket, Key=key, UploadId=upload,
+                                  PartNumber=number, Body=data[start:start + part])
+                parts.append({"PartNumber": number, "ETag": resp["ETag"]})
+                self.stats["parts"] += 1
+            self._call("complete_multipart_upload", key, Bucket=self.bucket, Key=key, UploadId=upload,
+                       MultipartUpload={"Parts": parts})
+            self.stats["multipart_uploads"] += 1
+        except BaseException:
+            # An unfinished upload is invisible but billed: abort it.
+            try:
+                self._call("abort_multipart_upload", key, Bucket=self.bucket, Key=key, UploadId=upload)
+                self.stats["aborted_uploads"] += 1
+            except StoreError:
+                pass
+            raise
+
+    # ---- read ---------------------------------------------------------------------
+    def _exists(self, key: str) -> bool:
+        try:
+            self._call("head_object", key, Bucket=self.bucket, Key=key)
+            return True
+        except S3StoreError as exc:
+            if exc.code in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+
+    def read_manifest(self, uri: str) -> CheckpointManifest:
+        bucket, base = parse_s3_uri(uri)
+        key = f"{base}/{MANIFEST}"
+        try:
+            body = self._call("get_object", key, Bucket=bucket, Key=key)["Body"].read()
+        except S3StoreError as exc:
+            if exc.code in ("NoSuchKey", "404"):
+                raise StoreError(f"checkpoint {uri} is incomplete: no manifest; it cannot be used") from exc
+            raise
+        try:
+            return CheckpointManifest.from_json(body.decode())
+        except (ValueError, TypeError) as exc:
+            raise StoreError(f"checkpoint {uri}: manifest s3://{bucket}/{key} is not a valid manifest: {exc}") from exc
+
+    def _stream(self, uri: str, bucket: str, key: str, rel: str, info: dict, sink: Any = None) -> None:
+        """Read one object, hashing as it streams; StoreError naming the key on any mismatch."""
+        try:
+            body = self._call("get_object", key, Bucket=bucket, Key=key)["Body"]
+        except S3StoreError as exc:
+            if exc.code in ("NoSuchKey", "404"):
+                raise StoreError(f"checkpoint {uri}: file {rel} (s3://{bucket}/{key}) is missing") from exc
+            raise
+        h, size = hashlib.sha256(), 0
+        for chunk in body.iter_chunks(MIB):
+            h.update(chunk)
+            size += len(chunk)
+            if sink is not None:
+                sink.write(chunk)
+        want = int(info["bytes"])
+        if size != want:
+            raise StoreError(f"checkpoint {uri}: file {rel} (s3://{bucket}/{key}) has {size} bytes, its manifest "
+                             f"says {want}: truncated or replaced; fix: do not use it, resume from an older checkpoint")
+        if h.hexdigest() != info["sha256"]:
+            raise StoreError(f"checkpoint {uri}: file {rel} (s3://{bucket}/{key}) does not match its manifest "
+                             "sha256; fix: do not use it, resume from an older checkpoint")
+
+    def verify(self, uri: str) -> CheckpointManifest:
+        manifest = self.read_manifest(uri)
+        bucket, base = parse_s3_uri(uri)
+        for rel, info in manifest.files.items():
+            self._stream(uri, bucket, f"{base}/{rel}", rel, info)
+        return manifest
+
+    def fetch(self, uri: str, dest: Path) -> CheckpointManifest:
+        manifest = self.read_manifest(uri)
+        bucket, base = parse_s3_uri(uri)
+        dest = Path(dest)
+        for rel, info in manifest.files.items():
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            part = target.with_name(target.name + ".part")
+            try:
+                with open(part, "wb") as fh:
+                    self._stream(uri, bucket, f"{base}/{rel}", rel, info, sink=fh)
+            except BaseException:
+                part.unlink(missing_ok=True)  # never leave a file that failed its check
+                raise
+            part.replace(target)
+        (dest / MANIFEST).write_text(manifest.to_json())
+        return manifest
+
+    def _keys(self, bucket: str, prefix: str) -> Iterator[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        paging = {"PageSize": self.list_page_size} if self.list_page_size else {}
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=prefix, PaginationConfig=paging)
+            for page in pages:
+                for obj in page.get("Contents", ()):
+                    yield obj["Key"]
+        except (ClientError, BotoCoreError) as exc:
+            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", "")) or type(exc).__name__
+            raise S3StoreError(_explain("list_objects_v2", code, bucket, prefix), code=code,
+                               operation="list_objects_v2") from exc
+
+    def list(self, job_id: str) -> Iterator[str]:
+        job_prefix = self._key(job_id) + "/"
+        names = set()
+        for key in self._keys(self.bucket, job_prefix):
+            name, _, rest = key[len(job_prefix):].partition("/")
+            if rest == MANIFEST:
+                names.add(name)
+        for name in sorted(names):
+            yield f"s3://{self.bucket}/{job_prefix}{name}"
+
+    # ---- delete -------------------------------------------------------------------
+    def _delete_keys(self, keys: list[str], *, quiet: bool = False) -> None:
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[start:start + 1000]]
+            try:
+                self._call("delete_objects", batch[0]["Key"], Bucket=self.bucket,
+                           Delete={"Objects": batch, "Quiet": True})
+            except StoreError:
+                if not quiet:
+                    raise
+
+    def delete(self, uri: str) -> bool:
+        bucket, base = parse_s3_uri(uri)
+        if bucket != self.bucket:
+            return S3Store(uri, client=self.client).delete(uri)
+        keys = list(self._keys(bucket, base + "/"))
+        manifest = f"{base}/{MANIFEST}"
+        # Manifest first: a half-deleted checkpoint then reads as incomplete, never as corrupt.
+        if manifest in keys:
+            self._call("delete_object", manifest, Bucket=bucket, Key=manifest)
+        self._delete_keys([k for k in keys if k != manifest])
+        return bool(keys)
+
+
+def _check_rel(rel: str, uri: str) -> None:
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or rel == MANIFEST:
+        raise StoreError(f"checkpoint {uri}: file name {rel!r} is not allowed; "
+                         f"fix: a relative path without '..' that is not {MANIFEST!r}")
+
+
+def _explain(operation: str, code: str, bucket: str, key: str) -> str:
+    where = f"S3 {operation} of s3://{bucket}/{key} failed: {code or 'error'}"
+    fixes = {
+        "NoSuchBucket": f"bucket {bucket!r} does not exist; create it or correct the store uri",
+        "AccessDenied": "the credentials in the standard AWS chain may not access this bucket; check their policy",
+        "InvalidAccessKeyId": "the access key in the standard AWS chain is unknown to this endpoint",
+        "SignatureDoesNotMatch": "the secret key in the standard AWS chain does not match its access key",
+        "SlowDown": "S3 is throttling; retry with backoff",
+    }
+    return f"{where}; fix: {fixes.get(code, 'check the endpoint, the bucket and the credentials, then retry')}"
