@@ -5,6 +5,9 @@ BIN    := $(VENV)/bin
 # Reinstall when the dependencies change.
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | cksum | cut -d' ' -f1)
 export ORBIT_HOME ?= $(CURDIR)/.orbit
+# The demo replays real preemption traces when the shared data set sits beside the checkout;
+# without it, the market replays traces generated from the model fitted to them.
+export ORBIT_SIM_TRACES ?= $(wildcard $(CURDIR)/../shared/data/traces)
 
 .PHONY: install system-deps demo test test-fast ui clean
 

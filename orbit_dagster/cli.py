@@ -202,10 +202,15 @@ def templates() -> None:
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object as the last line")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="an override of the example template")
-def demo(as_json: bool, sets: tuple[str, ...]) -> None:
+@click.option("--no-reclaims", is_flag=True, help="a market that never reclaims (default: replayed spot trace)")
+def demo(as_json: bool, sets: tuple[str, ...], no_reclaims: bool) -> None:
     """Train the example through Dagster on the sim market; evaluate, rank, bill."""
+    import signal
+
     from .demo import run_demo
 
+    # Stopped with SIGTERM, still stop the daemon this command started (the finally blocks).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     settings = _settings()
     bar = {"obj": None}
 
@@ -216,11 +221,11 @@ def demo(as_json: bool, sets: tuple[str, ...]) -> None:
             bar["obj"] = tqdm(total=None, desc=job_id, file=sys.stderr, unit="step", leave=False)
         b = bar["obj"]
         b.n = p.step
-        b.set_postfix_str(f"{p.state} ckpt={p.checkpoints} eval={p.evaluations}")
+        b.set_postfix_str(f"{p.state} attempt={p.attempt} ckpt={p.checkpoints} eval={p.evaluations}")
         b.refresh()
 
     try:
-        result = run_demo(settings, overrides=parse_set_args(sets), on_progress=on_progress)
+        result = run_demo(settings, overrides=parse_set_args(sets), reclaims=not no_reclaims, on_progress=on_progress)
     finally:
         if bar["obj"] is not None:
             bar["obj"].close()
@@ -231,6 +236,9 @@ def demo(as_json: bool, sets: tuple[str, ...]) -> None:
         _print_df(Q.checkpoints(settings.ledger(), result["job"]), False)
         click.echo(f"best checkpoint: {result['best_checkpoint']}  "
                    f"{result['best_metric']['name']} = {result['best_metric']['value']:.4f}" if result["best_metric"] else "best: none")
+        click.echo(f"interruptions: {result['interruptions']} (recovered {result['recovered']}), lost steps: "
+                   f"{result['lost_steps']}, wasted GPU-seconds: {result['wasted_gpu_seconds']}, "
+                   f"final weights bit-identical to an uninterrupted run: {result['bit_identical']}")
         click.echo(f"cost: ${result['cost_usd']:.6f} attributed, ${result['billed_usd']:.6f} billed "
                    f"({result['instance_seconds']:.1f} instance-seconds); ledger: {result['ledger']}")
     click.echo(json.dumps(result, sort_keys=True))

@@ -10,13 +10,14 @@ from .resources import OrbitResource
 from .sensors.evaluations import checkpoint_evaluation_sensor
 from .sensors.followups import best_checkpoint_sensor, cost_summary_sensor
 from .sensors.interruptions import spot_interruption_sensor
+from .sensors.prices import price_feed_sensor
 from .sensors.queue import job_queue_sensor
 
 defs = dg.Definitions(
     assets=[training_run, checkpoint, evaluation, best_checkpoint, cost_summary],
     jobs=[train_job, eval_job, best_job, cost_job],
     sensors=[job_queue_sensor, checkpoint_evaluation_sensor, best_checkpoint_sensor, cost_summary_sensor,
-             spot_interruption_sensor],
+             spot_interruption_sensor, price_feed_sensor],
     resources={"orbit": OrbitResource()},
     executor=EXECUTOR,
 )

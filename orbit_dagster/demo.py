@@ -1,10 +1,26 @@
-"""`orbit demo`: the example job through a real Dagster instance on the embedded sim market."""
+"""`orbit demo`: the example job through a real Dagster instance on the embedded spot market.
+
+The default scenario restarts the sim market's clock where the trace of the zone the job
+rents first shows reclaims close together (a real preemption trace when one is available,
+`$ORBIT_SIM_TRACES`; else one generated from the fitted model), 60 times faster than real
+time with the notice scaled the same way (120 s -> 2 s). The daemon's sensors do the rest:
+launch, follow, emergency checkpoint on notice, re-materialise from the last checkpoint,
+evaluate, rank, bill. Then the final weights are compared with an uninterrupted run of
+the same bundle.
+"""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
+from .control.evaluate import MAX_EVAL_RUNS
 from .control.settings import Settings
 from .control.submit import submit
 from .core.errors import OrbitError
@@ -12,11 +28,18 @@ from .instance import Daemon, daemon_alive, ensure_dagster_home, wait_until_idle
 from .ledger import records as R
 
 TEMPLATE = "charlm-finetune"
+SCALE = 60.0  # market seconds per wall second: a trace hour per wall minute
+# The zones of the three offers the job ranks first, placed on their traces (wall seconds
+# from submission): the first is reclaimed at 30 s and stays down; the job moves to the
+# second (notice -> new attempt running takes ~15-25 s here), which is reclaimed at 64 s
+# and stays down; the third stays up, and the job finishes there.
+ZONE_PLAN = [(30.0, 90.0), (64.0, 60.0), (0.0, 300.0)]
 
 
 @dataclass
 class Progress:
     state: str
+    attempt: int
     step: int
     checkpoints: int
     evaluations: int
@@ -34,25 +57,56 @@ def progress(ledger, job_id: str, experiment: str) -> Progress:
     stats = ledger.rows(
         """SELECT (SELECT coalesce(max(step), 0) FROM metric_points WHERE job_id = ? AND source = 'train') AS step,
                   (SELECT count(*) FROM live_checkpoints WHERE job_id = ?) AS checkpoints,
-                  (SELECT count(*) FROM evaluations e SEMI JOIN live_checkpoints c USING (checkpoint_key)
-                    WHERE e.job_id = ?) AS evaluations,
+                  (SELECT count(*) FROM live_checkpoints c WHERE c.job_id = ? AND (
+                      c.checkpoint_key IN (SELECT checkpoint_key FROM evaluations)
+                      OR c.checkpoint_key IN (SELECT json_extract_string(detail, '$.checkpoint') FROM events
+                                              WHERE kind = 'evaluation_failed' GROUP BY 1 HAVING count(*) >= ?))
+                  ) AS evaluations,
                   (SELECT max(evaluations) FROM current_best WHERE experiment = ?) AS best_evals,
                   (SELECT count(*) FROM evaluations e JOIN owners o USING (job_id) WHERE o.experiment = ?) AS all_evals""",
-        [job_id, job_id, job_id, experiment, experiment],
+        [job_id, job_id, job_id, MAX_EVAL_RUNS, experiment, experiment],
     )[0]
     best_done = stats["best_evals"] is not None and stats["best_evals"] >= stats["all_evals"]
-    return Progress(row["state"], int(stats["step"]), int(stats["checkpoints"]), int(stats["evaluations"]), best_done)
+    return Progress(row["state"], int(row["attempt"]), int(stats["step"]), int(stats["checkpoints"]),
+                    int(stats["evaluations"]), best_done)
+
+
+def _first_offers(settings: Settings, overrides: dict, n: int) -> list:
+    """The offers the job will rent first: the same ranking dispatch uses."""
+    from .control.offers import rank_for
+    from .control.providers import provider_for
+    from .core.submission import apply_overrides, execution_request_for
+    from .core.templates import load_template
+
+    request = execution_request_for(apply_overrides(load_template(TEMPLATE), overrides))
+    provider = provider_for(settings, request.backend_key)
+    ranked, _ = rank_for(settings.ledger(), provider, request, job_id="demo", attempt=1,
+                         notice_s=provider.notice_seconds, template=TEMPLATE)
+    return ranked[:n]
 
 
 def run_demo(settings: Settings, *, overrides: dict | None = None, experiment: str | None = None,
-             timeout_s: float = 1800, on_progress=None) -> dict:
+             reclaims: bool = True, timeout_s: float = 1800, on_progress=None) -> dict:
     """Submit the example, let the daemon's sensors drive it, wait for training, evaluations
     and the best checkpoint, and return the summary."""
+    from .providers.sim_market import ensure_market, reclaim_scenario, write_market, MarketConfig
+
+    overrides = dict(overrides or {})
     ensure_dagster_home(settings)
     experiment = experiment or f"demo-{uuid.uuid4().hex[:6]}"
+    os.environ["ORBIT_SIM_RECLAIMS"] = "trace" if reclaims else "none"  # for the daemon we start
+    settings = Settings.from_env(settings.home)
     daemon = None if daemon_alive(settings) else Daemon(settings).start()
+    scenario, reference = None, None
     try:
-        job_id = submit(settings, TEMPLATE, overrides or {}, experiment=experiment)
+        wait_for_daemon(settings)
+        if reclaims:
+            scenario = reclaim_scenario(settings.sim_dir, trace_dir=settings.sim_traces,
+                                        offers=_first_offers(settings, overrides, len(ZONE_PLAN)),
+                                        scale=SCALE, plan=ZONE_PLAN)
+        job_id = submit(settings, TEMPLATE, overrides, experiment=experiment)
+        # The uninterrupted reference run of the same bundle, alongside (one more CPU thread).
+        reference = ReferenceRun(settings, job_id).start()
         ledger = settings.ledger()
         deadline = time.time() + timeout_s
         while True:
@@ -66,11 +120,60 @@ def run_demo(settings: Settings, *, overrides: dict | None = None, experiment: s
                                  fix=f"look at `orbit status {job_id}` and `orbit logs {job_id}`")
             time.sleep(1.0)
         if daemon is not None:
-            wait_until_idle(settings)  # let the follow-up runs (cost summary) finish first
+            wait_until_idle(settings, quiet_s=5.0)  # let the follow-up runs (cost summary) finish first
     finally:
         if daemon is not None:
             daemon.stop()
-    return summary(settings, job_id, experiment)
+        if scenario is not None:  # back to a real-time market for whatever runs next here
+            old = ensure_market(settings.sim_dir, trace_dir=settings.sim_traces, scale=1.0, notice_s=120.0)
+            write_market(settings.sim_dir, MarketConfig(time.time(), old.trace_offset_s, 1.0, 120.0, old.traces))
+    result = summary(settings, job_id, experiment)
+    result["bit_identical"] = bit_identical(settings, job_id, reference.weights())
+    if scenario is not None:
+        result["scenario"] = scenario
+    return result
+
+
+def wait_for_daemon(settings: Settings, timeout_s: float = 120.0) -> None:
+    """The market clock restarts only once the daemon's sensors are ticking."""
+    deadline = time.time() + timeout_s
+    while not daemon_alive(settings, max_age_s=10.0):
+        if time.time() > deadline:
+            raise OrbitError("the Dagster daemon did not start within 2 minutes",
+                             fix=f"see {settings.home / 'dagster' / 'daemon.log'}")
+        time.sleep(1.0)
+
+
+class ReferenceRun:
+    """An uninterrupted run of the job's first bundle on this machine, outside the market."""
+
+    def __init__(self, settings: Settings, job_id: str):
+        self.bundle = Path(R.bundle_for(settings.ledger(), job_id, 1)["path"])
+        self.tmp = tempfile.TemporaryDirectory(prefix="orbit-reference-")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "ReferenceRun":
+        env = {**os.environ, "PYTHONPATH": str(self.bundle / "runtime"), "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "orbit_dagster.runtime.agent", str(self.bundle),
+                                      "--workdir", self.tmp.name, "--store", (Path(self.tmp.name) / "store").as_uri()],
+                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return self
+
+    def weights(self) -> str | None:
+        if self.proc is None or self.proc.wait() != 0:
+            return None
+        lines = (Path(self.tmp.name) / "artifacts" / "events.jsonl").read_text().splitlines()
+        final = [e for e in map(json.loads, lines) if e["type"] == "checkpoint"][-1]["weights_sha256"]
+        self.tmp.cleanup()
+        return final
+
+
+def bit_identical(settings: Settings, job_id: str, reference: str | None) -> bool | None:
+    final = settings.ledger().rows(
+        "SELECT weights_sha256 FROM checkpoints WHERE job_id = ? ORDER BY step DESC LIMIT 1", [job_id])
+    if not final or reference is None or R.require_job(settings.ledger(), job_id)["state"] != "SUCCEEDED":
+        return None
+    return final[0]["weights_sha256"] == reference
 
 
 def summary(settings: Settings, job_id: str, experiment: str) -> dict:
@@ -79,9 +182,8 @@ def summary(settings: Settings, job_id: str, experiment: str) -> dict:
     best = ledger.rows("SELECT * FROM current_best WHERE experiment = ?", [experiment])
     cost = ledger.rows(
         """SELECT coalesce(sum(usd), 0) AS usd,
-                  coalesce(sum(usd) FILTER (WHERE kind <> 'eval'), 0) AS train_usd,
-                  coalesce(sum(seconds) FILTER (WHERE kind = 'wasted'), 0) AS wasted
-           FROM costs WHERE job_id = ?""",
+                  coalesce(sum(seconds * i.gpu_count) FILTER (WHERE kind = 'wasted'), 0) AS wasted
+           FROM costs c JOIN instances i USING (instance_id) WHERE c.job_id = ?""",
         [job_id],
     )[0]
     billed = ledger.rows(
@@ -89,6 +191,18 @@ def summary(settings: Settings, job_id: str, experiment: str) -> dict:
            FROM instance_usage u WHERE u.job_id = ?""",
         [job_id],
     )[0]
+    attempts = ledger.rows(
+        """SELECT r.attempt, r.resume_from, r.state,
+                  (SELECT max(step) FROM metric_points m WHERE m.run_id = r.run_id) AS last_step
+           FROM run_status r WHERE r.job_id = ? ORDER BY r.attempt""",
+        [job_id],
+    )
+    steps = {r["checkpoint_key"]: r["step"] for r in ledger.rows("SELECT checkpoint_key, step FROM checkpoints WHERE job_id = ?", [job_id])}
+    lost_steps = 0
+    for prev, nxt in zip(attempts, attempts[1:]):
+        if prev["state"] == "LOST":
+            resumed = steps.get(nxt["resume_from"], 0)
+            lost_steps += max(0, int(prev["last_step"] or 0) - resumed)
     n_ckpts = int(ledger.scalar("SELECT count(*) FROM checkpoints WHERE job_id = ?", [job_id]) or 0)
     n_evals = int(ledger.scalar("SELECT count(*) FROM evaluations WHERE job_id = ?", [job_id]) or 0)
     b = best[0] if best else None
@@ -99,12 +213,17 @@ def summary(settings: Settings, job_id: str, experiment: str) -> dict:
         "attempts": int(job["attempt"]),
         "jobs": 1,
         "checkpoints": n_ckpts,
+        "emergency_checkpoints": int(ledger.scalar(
+            "SELECT count(*) FROM checkpoints WHERE job_id = ? AND tier = 'emergency'", [job_id]) or 0),
         "evaluations": n_evals,
         "best_checkpoint": b["checkpoint_key"] if b else None,
         "best_metric": {"name": b["metric_name"], "value": b["metric_value"]} if b else None,
+        "interruptions": R.interruptions(ledger, job_id),
+        "recovered": sum(1 for prev, nxt in zip(attempts, attempts[1:]) if prev["state"] == "LOST" and nxt["resume_from"]),
+        "lost_steps": lost_steps,
+        "wasted_gpu_seconds": round(float(cost["wasted"]), 3),
         "cost_usd": round(float(cost["usd"]), 8),
         "billed_usd": round(float(billed["usd"]), 8),
         "instance_seconds": round(float(billed["seconds"]), 3),
-        "wasted_gpu_seconds": round(float(cost["wasted"]), 3),
         "ledger": str(ledger.catalog_path),
     }

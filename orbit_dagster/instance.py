@@ -27,6 +27,9 @@ run_coordinator:
   config:
     max_concurrent_runs: {max_runs}
     dequeue_interval_seconds: 1
+    # Launch queued runs in parallel: a run's process takes seconds to start.
+    dequeue_use_threads: true
+    dequeue_num_workers: 4
     tag_concurrency_limits:
       - key: orbit/kind
         value: eval

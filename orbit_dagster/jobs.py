@@ -5,8 +5,10 @@ import dagster as dg
 # second Python process (and import Dagster again) for every step.
 EXECUTOR = dg.in_process_executor
 
-train_job = dg.define_asset_job("train_job", selection=["training_run"], tags={"orbit/kind": "train"},
-                                executor_def=EXECUTOR)
+# Training (and recovery) runs go ahead of queued evaluations: a recovering job is paying
+# for nothing until its new attempt runs.
+train_job = dg.define_asset_job("train_job", selection=["training_run"],
+                                tags={"orbit/kind": "train", "dagster/priority": "10"}, executor_def=EXECUTOR)
 eval_job = dg.define_asset_job("eval_job", selection=["evaluation"], tags={"orbit/kind": "eval"}, executor_def=EXECUTOR)
 best_job = dg.define_asset_job("best_job", selection=["best_checkpoint"], tags={"orbit/kind": "best"},
                                executor_def=EXECUTOR)

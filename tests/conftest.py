@@ -35,4 +35,8 @@ def orbit_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("ORBIT_HOME", str(home))
     monkeypatch.delenv("ORBIT_CHECKPOINT_STORE", raising=False)
     monkeypatch.delenv("ORBIT_TEMPLATES", raising=False)
+    # Tests that want reclaims ask for them; the rest get a market that never reclaims.
+    monkeypatch.setenv("ORBIT_SIM_RECLAIMS", "none")
+    for var in ("ORBIT_SIM_TRACES", "ORBIT_SIM_SCALE", "ORBIT_SIM_NOTICE_SECONDS"):
+        monkeypatch.delenv(var, raising=False)
     return home

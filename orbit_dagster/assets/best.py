@@ -3,6 +3,7 @@
 import dagster as dg
 
 from ..control.best import compute_best
+from ..control.retention import apply_retention
 from ..resources import OrbitResource
 from .partitions import experiments_partitions
 
@@ -15,9 +16,14 @@ from .partitions import experiments_partitions
     description="Primary metric resolved experiment -> project -> global default; evaluations beat training metrics.",
 )
 def best_checkpoint(context: dg.AssetExecutionContext, orbit: OrbitResource) -> dg.MaterializeResult:
-    best = compute_best(orbit.settings(), context.partition_key)
+    settings = orbit.settings()
+    best = compute_best(settings, context.partition_key)
     if best is None:
         return dg.MaterializeResult(metadata={"best": "none yet: no checkpoint has a value for the primary metric"})
+    # Rank first, then prune: retention keeps the best M, the latest K and fresh emergencies.
+    ledger = settings.ledger()
+    deleted = [key for row in ledger.rows("SELECT job_id FROM owners WHERE experiment = ?", [context.partition_key])
+               for key in apply_retention(settings, row["job_id"])]
     chain = "\n".join(
         f"| {c['checkpoint_key']} | {c['attempt']} | {c['tier']} | {c['sha256'][:12]} |" for c in best["lineage"]
     )
@@ -31,5 +37,6 @@ def best_checkpoint(context: dg.AssetExecutionContext, orbit: OrbitResource) -> 
             "resolved_from": best["resolved_from"],
             "candidates": int(best["candidates"]),
             "lineage": dg.MetadataValue.md("| checkpoint | attempt | tier | sha256 |\n|---|---|---|---|\n" + chain),
+            "deleted_by_retention": ", ".join(deleted) or "none",
         }
     )

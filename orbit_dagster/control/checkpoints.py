@@ -5,7 +5,7 @@ from datetime import datetime, timezone
 
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
-from ..storage import open_store
+from ..storage import open_store, store_of
 from ..storage.base import StoreError
 
 
@@ -25,6 +25,7 @@ def row_from_event(ev: dict, *, job_id: str, run_id: str | None) -> dict:
         "bytes": int(ev["bytes"]),
         "weights_sha256": ev.get("weights_sha256"),
         "train_loss": ev.get("train_loss"),
+        "save_seconds": ev.get("save_seconds"),
         "created_at": datetime.fromtimestamp(float(ev["ts"]), timezone.utc) if ev.get("ts") else utcnow(),
         "registered_at": utcnow(),
     }
@@ -43,7 +44,7 @@ def _key_from_uri(uri: str | None, job_id: str) -> str | None:
 def verify_event(store_uri: str, ev: dict) -> str | None:
     """None when the checkpoint in the store is complete and matches; else the reason."""
     try:
-        manifest = open_store(store_uri).verify(ev["uri"])
+        manifest = store_of(ev["uri"]).verify(ev["uri"])
     except StoreError as exc:
         return str(exc)
     if manifest.digest != ev.get("sha256"):
@@ -79,10 +80,9 @@ def scan_store(ledger: Ledger, store_uri: str, job_id: str) -> list[dict]:
 def newest_complete(ledger: Ledger, store_uri: str, job_id: str) -> dict | None:
     """The checkpoint to resume from: the highest step whose files verify."""
     scan_store(ledger, store_uri, job_id)
-    store = open_store(store_uri)
     for row in sorted(R.checkpoints(ledger, job_id), key=lambda r: r["step"], reverse=True):
         try:
-            store.verify(row["uri"])
+            store_of(row["uri"]).verify(row["uri"])
             return row
         except StoreError as exc:
             ledger.commit({"events": [R.event("checkpoint_unusable", job_id=job_id, checkpoint=row["checkpoint_key"],

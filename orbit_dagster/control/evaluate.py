@@ -8,12 +8,13 @@ from ..core.errors import NotFound, OrbitError
 from ..ledger import utcnow
 from ..ledger import records as R
 from ..providers.base import LaunchSpec
-from .attempt import NullReporter, Reporter, _instance_row, _release
-from .offers import choose_offer
+from .attempt import NullReporter, Reporter, _instance_row, _provision_first, _release
+from .offers import rank_for
 from .providers import provider_for
 from .settings import Settings
 
 MAX_EVAL_TRIES = 3  # an evaluation reclaimed mid-way simply starts again elsewhere
+MAX_EVAL_RUNS = 3  # runs per checkpoint before the sensor gives up on it (each tries MAX_EVAL_TRIES hosts)
 
 
 def evaluate_checkpoint(settings: Settings, checkpoint_key: str, *, suite: str | None = None,
@@ -32,14 +33,16 @@ def evaluate_checkpoint(settings: Settings, checkpoint_key: str, *, suite: str |
         raise OrbitError(f"template {template.name} defines no evaluation", field="eval", fix="add an eval: section")
     suite = suite or template.eval.suite
     provider = provider_for(settings, bundle.spec.execution_request.backend_key)
-    last_error = ""
+    last_error, reclaimed = "", set()
     for attempt in range(1, MAX_EVAL_TRIES + 1):
-        offer, decision = choose_offer(provider, bundle.spec.execution_request, job_id=ckpt["job_id"], attempt=0)
-        instance = provider.provision(offer, tags={"orbit/job": ckpt["job_id"], "orbit/checkpoint": checkpoint_key})
+        ranked, _ = rank_for(ledger, provider, bundle.spec.execution_request, job_id=ckpt["job_id"], attempt=0,
+                             notice_s=provider.notice_seconds, template=template.name, avoid=reclaimed)
+        instance, _ = _provision_first(provider, ranked, ckpt["job_id"], 0)
         ledger.commit({"instances": [_instance_row(instance, "eval", ckpt["job_id"], None, checkpoint_key)]})
         t0 = time.time()
         handle = provider.launch(instance, bundle.path, LaunchSpec(
-            task="eval", attempt=attempt, store_uri=provider.host_store_uri(instance, settings.store_uri),
+            task="eval", attempt=attempt,
+            store_uri=provider.host_store_uri(instance, settings.store_uri_for(template.checkpoint.store)),
             eval_checkpoint=provider.stage_checkpoint(instance, ckpt["uri"]),
             env=dict(bundle.spec.execution_request.env), secret_env=tuple(bundle.spec.execution_request.secret_env)))
         offset, metrics = 0, None
@@ -77,9 +80,12 @@ def evaluate_checkpoint(settings: Settings, checkpoint_key: str, *, suite: str |
             return {"checkpoint_key": checkpoint_key, "suite": suite, "metrics": metrics, "seconds": seconds,
                     "instance_id": instance.instance_id}
         last_error = status.reason or f"exit code {status.exit_code}"
-        if status.state != "lost":
+        if status.state != "lost" and status.failure_class != "reclaim":
             break
-        reporter.log(f"evaluation of {checkpoint_key} lost its instance; trying again")
+        reclaimed.add(instance.offer.offer_id)
+        reporter.log(f"evaluation of {checkpoint_key} lost its instance ({last_error}); trying another offer")
     tail = provider.logs(handle, 20)
+    ledger.commit({"events": [R.event("evaluation_failed", job_id=ckpt["job_id"], checkpoint=checkpoint_key,
+                                      reason=last_error, dagster_run_id=dagster_run_id)]})
     raise OrbitError(f"evaluation of {checkpoint_key} failed: {last_error}\n{tail}", field="checkpoint",
                      value=checkpoint_key, fix="see the log above; `orbit logs JOB` has the whole of it")

@@ -30,3 +30,25 @@ def measured_tflops(ledger: Ledger) -> dict[str, float]:
         if tflops:
             out[r["offer_id"]] = float(tflops)
     return out
+
+
+DEFAULT_STEP_S = 0.2
+
+
+def measured_step_seconds(ledger: Ledger, template: str | None = None) -> float:
+    """Median seconds per training step of this template's recent runs (a prior when none).
+
+    From consecutive training metric points of one run: (Δtime / Δstep)."""
+    rows = ledger.rows(
+        """WITH m AS (
+               SELECT m.run_id, m.step, epoch(m.ts) AS t FROM metric_points m JOIN jobs j USING (job_id)
+               WHERE m.source = 'train' AND m.name = 'train/loss' AND (? IS NULL OR j.template = ?)
+           ), d AS (
+               SELECT (t - lag(t) OVER w) / nullif(step - lag(step) OVER w, 0) AS s FROM m
+               WINDOW w AS (PARTITION BY run_id ORDER BY step)
+           )
+           SELECT median(s) AS s FROM d WHERE s > 0""",
+        [template, template],
+    )
+    value = rows[0]["s"] if rows else None
+    return float(value) if value else DEFAULT_STEP_S

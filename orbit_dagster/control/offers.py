@@ -1,61 +1,66 @@
-"""Choose an offer for an attempt and record why (inputs and runner-up) in the ledger."""
+"""Choose an offer for an attempt and record why (inputs and runner-up) in the ledger.
+
+The ranking is the policy's (`policy.offer_choice.rank_offers`: expected $ per useful
+PFLOP given the offer's reclaim rate, checkpoint cost and the notice); what the ledger has
+observed (reclaims and exposure per offer, measured save times, measured TFLOPS) is folded
+in first.
+"""
 from __future__ import annotations
 
-from ..core.errors import NoCapacity
+import statistics
+
 from ..core.execution import ExecutionRequest
 from ..core.offers import Offer
+from ..ledger import Ledger
 from ..ledger import records as R
+from ..policy.offer_choice import rank_offers
+from ..policy.reclaim_rate import RateBook
 from ..providers.base import Provider
+from .observations import measured_tflops, observed_reclaims
+
+DEFAULT_SAVE_S = 1.0
+DEFAULT_RESTORE_S = 10.0
 
 
-def choose_offer(provider: Provider, request: ExecutionRequest, *, job_id: str, attempt: int,
-                 avoid: set[str] = frozenset()) -> tuple[Offer, dict]:
-    """The cheapest offer per effective TFLOP that fits; `avoid` holds offers that keep reclaiming."""
-    offers = provider.list_offers(request.resources)
-    cap = request.max_price_per_gpu_hour
-    fitting = [o for o in offers if cap is None or (o.usd_per_second / max(o.gpu_count, 1)) * 3600 <= cap]
-    if request.region:
-        fitting = [o for o in fitting if o.region == request.region]
-    preferred = [o for o in fitting if o.offer_id not in avoid] or fitting
-    if not preferred:
-        raise NoCapacity(
-            f"no {provider.name} offer fits gpu={request.resources.gpu} x{request.resources.gpu_count}"
-            + (f", max ${cap}/GPU-hour" if cap else "") + (f", region {request.region}" if request.region else ""),
-            provider=provider.name,
-            field="resources",
-            fix="relax resources.gpu, max_price_per_gpu_hour or region",
-        )
-
-    def cost_per_work(o: Offer) -> tuple[float, str]:
-        tflops = o.effective_tflops or 1.0
-        return (o.usd_per_second / max(o.gpu_count, 1) / tflops, o.offer_id)
-
-    ranked = sorted(preferred, key=cost_per_work)
-    chosen = ranked[0]
-    runner_up = ranked[1] if len(ranked) > 1 else None
-    record = R.event(
-        "offer_chosen",
-        job_id=job_id,
-        chosen=chosen.offer_id,
-        runner_up=runner_up.offer_id if runner_up else None,
-        candidates=len(ranked),
-        avoided=sorted(avoid),
+def measured_save_seconds(ledger: Ledger, template: str | None = None) -> float:
+    """Median durable save time seen for this template (a prior when none yet)."""
+    rows = ledger.rows(
+        """SELECT c.save_seconds FROM checkpoints c JOIN jobs j USING (job_id)
+           WHERE c.save_seconds IS NOT NULL AND (? IS NULL OR j.template = ?) ORDER BY c.registered_at DESC LIMIT 50""",
+        [template, template],
     )
-    decision = {
-        "decision_id": record["event_id"],
-        "job_id": job_id,
-        "attempt": attempt,
-        "kind": "offer",
-        "chosen": chosen.offer_id,
-        "runner_up": runner_up.offer_id if runner_up else None,
-        "inputs": R.dumps({
-            "rule": "min usd per GPU-second per effective TFLOP",
-            "chosen": {"usd_per_second": chosen.usd_per_second, "tflops": chosen.effective_tflops},
-            "runner_up": {"usd_per_second": runner_up.usd_per_second, "tflops": runner_up.effective_tflops} if runner_up else None,
-            "candidates": len(ranked),
-            "avoided": sorted(avoid),
-            "max_price_per_gpu_hour": cap,
-        }),
-        "ts": record["ts"],
+    values = [r["save_seconds"] for r in rows if r["save_seconds"] is not None]
+    return statistics.median(values) if values else DEFAULT_SAVE_S
+
+
+def rank_for(ledger: Ledger, provider: Provider, request: ExecutionRequest, *, job_id: str, attempt: int,
+             notice_s: float, template: str | None = None, avoid: frozenset[str] | set[str] = frozenset()
+             ) -> tuple[list[Offer], dict]:
+    """Offers to try, best first (offers in `avoid` last), and the decision row for the ledger."""
+    offers = provider.list_offers(request.resources)
+    if request.region:
+        offers = [o for o in offers if o.region == request.region]
+    measured = measured_tflops(ledger)
+    if measured:
+        offers = [o.model_copy(update={"measured_tflops": measured[o.offer_id]}) if o.offer_id in measured else o
+                  for o in offers]
+    book = RateBook()
+    for offer_id, (reclaims, hours) in observed_reclaims(ledger).items():
+        match = next((o for o in offers if o.offer_id == offer_id), None)
+        if match is not None:
+            book.for_offer(match).observe(reclaims, hours * 3600.0)
+    save_s = measured_save_seconds(ledger, template)
+    decision = rank_offers(offers, gpu=request.resources.gpu, gpu_count=max(request.resources.gpu_count, 1),
+                           gpu_memory_gb=request.resources.gpu_memory_gb,
+                           max_price_per_gpu_hour=request.max_price_per_gpu_hour, save_s=save_s,
+                           restore_s=DEFAULT_RESTORE_S, notice_s=notice_s, rates=book)
+    ranked = [s.offer for s in decision.ranked]
+    ranked = [o for o in ranked if o.offer_id not in avoid] + [o for o in ranked if o.offer_id in avoid]
+    record = decision.as_record()
+    record["avoided"] = sorted(avoid)
+    row = {
+        "decision_id": R.event("decision")["event_id"], "job_id": job_id, "attempt": attempt, "kind": "offer",
+        "chosen": ranked[0].offer_id, "runner_up": ranked[1].offer_id if len(ranked) > 1 else None,
+        "inputs": R.dumps(record), "ts": R.utcnow(),
     }
-    return chosen, decision
+    return ranked, row

@@ -1,7 +1,6 @@
 """Provider registry: `backend_key = f"{placement}_{launch_mode}"` -> a provider instance."""
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Callable
 
 from ..core.errors import OrbitError
@@ -13,25 +12,42 @@ def _sim(settings: Settings) -> Provider:
     from ..providers.sim import SimProvider
     from .sim_market import schedule_for
 
-    return SimProvider(
-        settings.sim_dir,
-        schedule=schedule_for(settings),
-        notice_seconds=settings.sim_notice_seconds,
-    )
+    schedule, market = schedule_for(settings)
+    return SimProvider(settings.sim_dir, schedule=schedule, notice_seconds=market.notice_wall_s, market=market)
+
+
+def _ssh(settings: Settings) -> Provider:
+    from ..providers.ssh import SshProvider
+
+    return SshProvider(settings.ssh_hosts, state_dir=settings.home / "ssh")
+
+
+def _aws(settings: Settings) -> Provider:
+    # Credentials: boto3's standard chain only (environment, profile, instance role); none
+    # are read, stored or logged here.
+    from ..catalog.aws import parse_spot_price_history
+    from ..providers.aws import AwsSpotProvider
+
+    # Spot prices come from EC2's price history; an operator can add rows in the same
+    # format (`az_id  instance_type  product  usd_per_hour  timestamp`, tab-separated) to
+    # $ORBIT_HOME/aws_spot_prices.tsv, e.g. where the history API is not reachable.
+    prices_file = settings.home / "aws_spot_prices.tsv"
+    prices = parse_spot_price_history(prices_file) if prices_file.is_file() else []
+    return AwsSpotProvider(region=settings.aws_region, endpoint_url=settings.aws_endpoint_url,
+                           state_dir=settings.home / "aws", image_id=settings.aws_image_id,
+                           static_spot_prices=prices)
 
 
 REGISTRY: dict[str, Callable[[Settings], Provider]] = {
     "sim_host_process": _sim,
+    "ssh_rental_host_process": _ssh,
+    "ssh_rental_docker_image": _ssh,
+    "aws_spot_host_process": _aws,
 }
 
 
 def register(backend_key: str, factory: Callable[[Settings], Provider]) -> None:
     REGISTRY[backend_key] = factory
-
-
-@lru_cache(maxsize=32)
-def _cached(backend_key: str, settings: Settings) -> Provider:
-    return REGISTRY[backend_key](settings)
 
 
 def provider_for(settings: Settings, backend_key: str) -> Provider:
@@ -42,4 +58,6 @@ def provider_for(settings: Settings, backend_key: str) -> Provider:
             value=backend_key,
             fix=f"use one of: {', '.join(sorted(REGISTRY))}",
         )
-    return _cached(backend_key, settings)
+    # Built per call (cheap: traces and offers are cached below it), so a process that lives
+    # long, like the daemon's code server, sees a market restarted by `orbit demo`.
+    return REGISTRY[backend_key](settings)

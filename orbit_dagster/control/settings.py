@@ -5,24 +5,45 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.errors import OrbitError
 from ..ledger import Ledger
 
 
 @dataclass(frozen=True)
 class Settings:
     home: Path
-    # The sim market: seconds of notice before a reclaim, and which reclaim schedule.
+    # The sim market: does it reclaim (`trace`) or not (`none`); which traces it replays
+    # (a directory of preemption traces; generated from the fitted model when unset);
+    # how much faster than the wall clock market time runs; the notice in market seconds.
+    sim_reclaims: str = "trace"
+    sim_traces: str | None = None
+    sim_scale: float = 1.0
     sim_notice_seconds: float = 120.0
-    sim_reclaims: str = "none"
+    # SSH rental hosts: the inventory file (default $ORBIT_HOME/ssh_hosts.yaml).
+    ssh_inventory: str | None = None
+    # AWS: region, endpoint (moto's or a VPC endpoint), AMI; credentials come from boto3's chain.
+    aws_region: str = "us-east-1"
+    aws_endpoint_url: str | None = None
+    aws_image_id: str | None = None
 
     @classmethod
     def from_env(cls, home: str | Path | None = None) -> "Settings":
         root = Path(home or os.environ.get("ORBIT_HOME") or ".orbit").expanduser().resolve()
         return cls(
             home=root,
+            sim_reclaims=os.environ.get("ORBIT_SIM_RECLAIMS", "trace"),
+            sim_traces=os.environ.get("ORBIT_SIM_TRACES") or None,
+            sim_scale=float(os.environ.get("ORBIT_SIM_SCALE", 1.0)),
             sim_notice_seconds=float(os.environ.get("ORBIT_SIM_NOTICE_SECONDS", 120)),
-            sim_reclaims=os.environ.get("ORBIT_SIM_RECLAIMS", "none"),
+            ssh_inventory=os.environ.get("ORBIT_SSH_HOSTS") or None,
+            aws_region=os.environ.get("ORBIT_AWS_REGION") or os.environ.get("AWS_REGION") or "us-east-1",
+            aws_endpoint_url=os.environ.get("ORBIT_AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL") or None,
+            aws_image_id=os.environ.get("ORBIT_AWS_IMAGE_ID") or None,
         )
+
+    @property
+    def ssh_hosts(self) -> Path:
+        return Path(self.ssh_inventory) if self.ssh_inventory else self.home / "ssh_hosts.yaml"
 
     @property
     def ledger_dir(self) -> Path:
@@ -42,7 +63,21 @@ class Settings:
 
     @property
     def store_uri(self) -> str:
+        """The filesystem checkpoint store (`checkpoint.store: fs`)."""
         return os.environ.get("ORBIT_CHECKPOINT_STORE") or (self.home / "checkpoints").as_uri()
 
+    def store_uri_for(self, kind: str) -> str:
+        """The store root a template's `checkpoint.store` names: `fs` or `s3`."""
+        if kind == "fs":
+            return self.store_uri
+        if kind == "s3":
+            uri = os.environ.get("ORBIT_S3_CHECKPOINT_STORE", "")
+            if not uri.startswith("s3://"):
+                raise OrbitError("the template wants S3 checkpoints but no S3 store is configured",
+                                 field="checkpoint.store", value=kind,
+                                 fix="set ORBIT_S3_CHECKPOINT_STORE=s3://BUCKET/PREFIX (credentials: AWS's standard chain)")
+            return uri
+        raise OrbitError(f"unknown checkpoint store {kind!r}", field="checkpoint.store", value=kind, fix="fs or s3")
+
     def ledger(self) -> Ledger:
-        return Ledger(self.ledger_dir).init()
+        return Ledger.open(self.ledger_dir)

@@ -19,7 +19,7 @@ COST_VIEWS = {"job": "cost_by_job", "experiment": "cost_by_experiment", "checkpo
 
 def open_ledger(home: str | Path | None = None) -> Ledger:
     root = Path(home or os.environ.get("ORBIT_HOME") or ".orbit").expanduser()
-    return Ledger(root / "ledger").init()
+    return Ledger.open(root / "ledger")
 
 
 def status(ledger: Ledger, job_id: str | None = None) -> pd.DataFrame:

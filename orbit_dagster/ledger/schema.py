@@ -89,7 +89,7 @@ TABLES: dict[str, Table] = {
             (
                 ("checkpoint_key", S), ("job_id", S), ("run_id", S), ("attempt", I), ("step", I), ("tier", S),
                 ("parent_key", S), ("uri", S), ("sha256", S), ("bytes", I), ("weights_sha256", S),
-                ("train_loss", F), ("created_at", TS), ("registered_at", TS),
+                ("train_loss", F), ("save_seconds", F), ("created_at", TS), ("registered_at", TS),
             ),
             ("checkpoint_key",),
         ),

@@ -44,6 +44,17 @@ class LedgerError(OrbitError):
 class Ledger:
     """Append-only, multi-process-safe ledger rooted at a directory."""
 
+    _open: dict[tuple[int, Path], "Ledger"] = {}
+
+    @classmethod
+    def open(cls, root: Path | str) -> "Ledger":
+        """The ledger at `root`, initialised, shared within this process (its per-thread
+        connections, whose views cost ~10x a query to define, are then reused)."""
+        key = (os.getpid(), Path(root).expanduser().resolve())
+        if key not in cls._open:
+            cls._open[key] = cls(key[1]).init()
+        return cls._open[key]
+
     def __init__(self, root: Path | str):
         self.root = Path(root).expanduser().resolve()
         self.segments = self.root / "segments"

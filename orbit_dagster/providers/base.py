@@ -91,6 +91,8 @@ class InstanceTimes(BaseModel):
 @runtime_checkable
 class Provider(Protocol):
     name: str
+    # Seconds between a reclaim notice and the reclaim (AWS 120, GCP 30, none for a rental box).
+    notice_seconds: float
 
     def list_offers(self, resources: Resources | None = None) -> list[Offer]: ...
 
@@ -114,7 +116,7 @@ class Provider(Protocol):
 
     def terminate(self, instance: InstanceHandle, reason: str) -> InstanceTimes: ...
 
-    def price_feed(self, since: datetime | None = None) -> list[PriceTick]: ...
+    def price_feed(self, since: datetime | None = None, offer_ids: list[str] | None = None) -> list[PriceTick]: ...
 
     def reattach(self, run: RunHandle) -> RunHandle | None: ...
 

@@ -16,9 +16,10 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from functools import lru_cache
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from ..core.errors import NoCapacity, ResourceNotFound
 from ..core.execution import Resources
@@ -59,7 +60,8 @@ class NoReclaims:
         return None
 
 
-def default_offers() -> list[Offer]:
+@lru_cache(maxsize=1)
+def default_offers() -> tuple[Offer, ...]:
     """GCE GPU offers at the latest shipped price, relabelled as the sim market's."""
     from ..catalog.gce import gce_offers
 
@@ -68,7 +70,7 @@ def default_offers() -> list[Offer]:
         if o.usd_per_gpu_second_spot is None:
             continue
         out.append(o.model_copy(update={"provider": "sim", "offer_id": "sim:" + o.offer_id.split(":", 1)[-1]}))
-    return out
+    return tuple(out)
 
 
 class SimProvider:
@@ -82,7 +84,7 @@ class SimProvider:
         schedule: ReclaimSchedule | None = None,
         notice_seconds: float = 120.0,
         grace_seconds: float = 5.0,
-        price_feed: Callable[[datetime | None], list[PriceTick]] | None = None,
+        market=None,
     ):
         self.root = Path(root).resolve()
         self.instances = self.root / "instances"
@@ -91,13 +93,11 @@ class SimProvider:
         self.schedule = schedule or NoReclaims()
         self.notice_seconds = notice_seconds
         self.grace_seconds = grace_seconds
-        self._price_feed = price_feed
+        self.market = market  # providers.sim_market.MarketConfig: the clock prices replay on
 
     # ---- offers -------------------------------------------------------------------
     def list_offers(self, resources: Resources | None = None) -> list[Offer]:
-        if self._offers is None:
-            self._offers = default_offers()
-        offers = self._offers
+        offers = list(self._offers if self._offers is not None else default_offers())
         if resources is not None:
             offers = [o for o in offers if _fits(o, resources)]
         return offers
@@ -152,7 +152,7 @@ class SimProvider:
 
     def instance_alive(self, instance: InstanceHandle) -> bool:
         state = self._state(instance.instance_id)
-        if state.get("status") != "running":
+        if state.get("status") not in ("running", "terminating"):
             return False
         if not pid_alive(int(state["pid"])):
             return False
@@ -176,7 +176,7 @@ class SimProvider:
         if self.instance_alive(instance):
             write_json(d / "terminate.json", {"reason": reason, "at": time.time()})
             deadline = time.time() + self.grace_seconds + 15
-            while time.time() < deadline and self._state(instance.instance_id).get("status") == "running":
+            while time.time() < deadline and self._state(instance.instance_id).get("status") in ("running", "terminating"):
                 if not pid_alive(int(self._state(instance.instance_id)["pid"])):
                     break
                 time.sleep(0.05)
@@ -220,6 +220,8 @@ class SimProvider:
         shutil.copytree(bundle_dir, staged, ignore=shutil.ignore_patterns("artifacts"))
         (staged / "artifacts").mkdir(exist_ok=True)
         argv = agent_argv(sys.executable, staged, work, spec, instance.address.get("metadata_url"))
+        # Poll the metadata endpoint often enough to leave most of the (scaled) notice window.
+        argv += ["--notice-poll", f"{min(1.0, max(0.05, self.notice_seconds / 10)):.3f}"]
         env = {
             "PYTHONPATH": str(staged / "runtime"),
             "OMP_NUM_THREADS": str(_threads(staged)),
@@ -241,7 +243,7 @@ class SimProvider:
         state = self._state(run.instance.instance_id)
         exit_info = _read_json(Path(run.run_ref) / "artifacts" / "exit.json")
         child_exit = _read_json(d / "child_exit.json")
-        if state.get("status") == "reclaimed":
+        if state.get("status") in ("reclaiming", "reclaimed"):
             return RunStatus(state="lost", failure_class="reclaim", reason="spot instance reclaimed")
         if child_exit is not None or exit_info is not None:
             if exit_info is not None:
@@ -279,8 +281,18 @@ class SimProvider:
                 copied.append(dest / f.name)
         return copied
 
-    def price_feed(self, since: datetime | None = None) -> list[PriceTick]:
-        return self._price_feed(since) if self._price_feed else []
+    def price_feed(self, since: datetime | None = None, offer_ids: list[str] | None = None) -> list[PriceTick]:
+        """The real GCE price history of the offers, replayed on the market clock."""
+        if self.market is None:
+            return []
+        from .sim_market import price_feed
+
+        wanted = set(offer_ids) if offer_ids is not None else None
+        offers = [o for o in self.list_offers() if wanted is None or o.offer_id in wanted]
+        ticks = price_feed(self.market, offers, since.timestamp() if since else None, time.time())
+        return [PriceTick(offer_id=t["offer_id"], ts=_ts(t["wall"]), usd_per_hour_spot=t["usd_per_hour_spot"],
+                          usd_per_hour_on_demand=t["usd_per_hour_on_demand"], source=f"gce history {t['history_time'][:10]}")
+                for t in ticks]
 
     def reattach(self, run: RunHandle) -> RunHandle | None:
         if not self._dir(run.instance.instance_id).exists():

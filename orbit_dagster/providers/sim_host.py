@@ -71,6 +71,11 @@ class Host:
                     return self._send(200, host.spec["instance_id"].encode(), "text/plain")
                 return self._send(404, b"Not Found", "text/plain")
 
+            def do_PUT(self):  # noqa: N802 - IMDSv2: a session token, as EC2 hands out
+                if self.path.rstrip("/") == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                    return self._send(200, f"sim-{host.spec['instance_id']}".encode(), "text/plain")
+                return self._send(400, b"Bad Request", "text/plain")
+
             def _send(self, code: int, body: bytes, ctype: str) -> None:
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
@@ -120,6 +125,9 @@ class Host:
         self.reap()
 
     def shutdown(self, status: str, reason: str, *, wipe: bool) -> None:
+        # Announce the end before it happens: whoever watches sees "reclaiming", never a
+        # workload killed by a signal on a host that still looks healthy.
+        self.save_state(status={"reclaimed": "reclaiming"}.get(status, "terminating"), reason=reason)
         self.stop_child(float(self.spec.get("grace_seconds", 5)))
         if wipe:
             shutil.rmtree(self.work, ignore_errors=True)  # a reclaimed VM's local disk is gone

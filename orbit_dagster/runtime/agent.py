@@ -132,6 +132,11 @@ def run(args: argparse.Namespace) -> int:
     events = EventWriter(artifacts / EVENTS_FILE)
     code, reason, ctx = EXIT_USER_ERROR, "", None
     t0 = time.time()
+    # Watch for the reclaim from the first instant: a SIGTERM during start-up is a notice too.
+    watcher = NoticeWatcher(args.metadata_url, poll_s=args.notice_poll)
+    watcher.on_notice = lambda notice: events.emit("notice", **notice)
+    watcher.install_sigterm()
+    watcher.start()
     try:
         try:
             bundle_hash = verify_bundle(bundle)
@@ -154,7 +159,6 @@ def run(args: argparse.Namespace) -> int:
         from ..storage import open_store
         from .sdk import RunContext
 
-        watcher = NoticeWatcher(args.metadata_url, poll_s=args.notice_poll)
         store = open_store(args.store or (workdir / "checkpoints").as_uri())
         ck = template.get("checkpoint", {})
         ctx = RunContext(
@@ -171,9 +175,11 @@ def run(args: argparse.Namespace) -> int:
             eval_checkpoint=args.checkpoint,
             stop_after_step=args.stop_after_step,
         )
+        if watcher.pending:  # reclaimed before any work: nothing to save
+            from .sdk import Preempted
+
+            raise Preempted("reclaim notice before the workload started")
         watcher.on_notice = lambda notice: (events.emit("notice", **notice), ctx.on_notice_timeout(args.notice_grace))
-        watcher.install_sigterm()
-        watcher.start()
         entry = template["entrypoint"] if args.task == "train" else (template.get("eval") or {}).get("entrypoint", "eval.py")
         module = load_entrypoint(bundle, entry)
         result = module.main(ctx)

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from ..storage.base import CheckpointManifest, CheckpointStore, checkpoint_dir_name, sha256_bytes
+from . import delta as D
 from .events import EventWriter
 
 STATE_FILE = "state.pt"
@@ -74,6 +75,8 @@ class Checkpointer:
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._lock = threading.Lock()  # serialises puts (emergency vs background writer)
         self._saved_steps: set[int] = set()
+        self._durable_digests: dict[str, str] | None = None  # of the last durable state
+        self._durable_uri: str | None = None
         self._writer = threading.Thread(target=self._drain, name="durable-writer", daemon=True)
         self._writer.start()
         self._errors: list[BaseException] = []
@@ -87,6 +90,9 @@ class Checkpointer:
         self._raise_writer_errors()
         blob = serialise(state)
         digest = weights_digest(state["model"])
+        # Kept for a later emergency delta; taken now, while the state is this step's.
+        self._durable_digests = D.digests(state)
+        self._durable_uri = self.store.uri_for(self.job_id, checkpoint_dir_name(step))
         # Blocks only if the previous durable save is still being written (backpressure).
         self._queue.put((step, blob, digest, dict(metrics), "durable", time.time()))
 
@@ -112,8 +118,16 @@ class Checkpointer:
         if step in self._saved_steps:
             return None
         t0 = time.time()
-        blob = serialise(state)
-        return self._put(step, blob, weights_digest(state["model"]), metrics, "emergency", t0, source=source)
+        extra: dict = {}
+        payload = state
+        if self._durable_digests is not None and self._durable_uri is not None:
+            delta, fraction = D.make_delta(state, self._durable_digests, self._durable_uri)
+            extra = {"changed_fraction": round(fraction, 6)}
+            if delta is not None:
+                payload, extra["delta_of"] = delta, self._durable_uri
+        blob = serialise(payload)
+        return self._put(step, blob, weights_digest(state["model"]), metrics, "emergency", t0, source=source,
+                         extra=extra)
 
     def emergency_from_memory(self, *, source: str) -> str | None:
         if self.memory is None:
@@ -122,7 +136,8 @@ class Checkpointer:
         return self.save_emergency(step, state, metrics, source=source)
 
     # ---- common -------------------------------------------------------------------
-    def _put(self, step: int, blob: bytes, weights_sha: str, metrics: dict, tier: str, t0: float, source: str = "") -> str | None:
+    def _put(self, step: int, blob: bytes, weights_sha: str, metrics: dict, tier: str, t0: float, source: str = "",
+             extra: dict | None = None) -> str | None:
         name = checkpoint_dir_name(step)
         with self._lock:
             # Claim the step and link the chain under the lock, then write outside it, so an
@@ -141,7 +156,7 @@ class Checkpointer:
             parent=parent,
             created_at=datetime.now(timezone.utc).isoformat(),
             attempt=self.attempt,
-            meta={"metrics": metrics},
+            meta={"metrics": metrics, **(extra or {})},
         )
         uri = self.store.put(self.job_id, name, {STATE_FILE: blob}, manifest)
         seconds = time.time() - t0
@@ -161,6 +176,7 @@ class Checkpointer:
             save_seconds=round(seconds, 6),
             attempt=self.attempt,
             source=source or None,
+            **(extra or {}),
         )
         return uri
 

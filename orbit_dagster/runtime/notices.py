@@ -17,6 +17,8 @@ from datetime import datetime
 from typing import Callable
 
 INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
+TOKEN_PATH = "/latest/api/token"
+TOKEN_TTL_S = 21600
 
 
 def parse_notice_time(text: str) -> float | None:
@@ -37,6 +39,7 @@ class NoticeWatcher:
         self._event = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._imds_token: tuple[str, float] | None = None
 
     @property
     def pending(self) -> bool:
@@ -56,11 +59,28 @@ class NoticeWatcher:
 
         signal.signal(signal.SIGTERM, handler)
 
+    def _token(self) -> str | None:
+        """An IMDSv2 session token (required on current AMIs); None where only v1 is served."""
+        if self._imds_token and time.time() < self._imds_token[1]:
+            return self._imds_token[0]
+        req = urllib.request.Request(self.metadata_url + TOKEN_PATH, method="PUT",
+                                     headers={"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)})
+        try:
+            with urllib.request.urlopen(req, timeout=2) as resp:
+                token = resp.read().decode().strip()
+        except (urllib.error.URLError, OSError):
+            return None
+        self._imds_token = (token, time.time() + TOKEN_TTL_S / 2)
+        return token
+
     def poll_once(self) -> bool:
         if not self.metadata_url or self._event.is_set():
             return self._event.is_set()
+        token = self._token()
+        headers = {"X-aws-ec2-metadata-token": token} if token else {}
         try:
-            with urllib.request.urlopen(self.metadata_url + INSTANCE_ACTION_PATH, timeout=2) as resp:
+            req = urllib.request.Request(self.metadata_url + INSTANCE_ACTION_PATH, headers=headers)
+            with urllib.request.urlopen(req, timeout=2) as resp:
                 body = json.loads(resp.read().decode() or "{}")
         except urllib.error.HTTPError as err:
             if err.code == 404:

@@ -18,10 +18,12 @@ import torch
 
 from ..storage.base import CheckpointStore
 from .checkpointing import STATE_FILE, Checkpointer
+from .delta import DELTA_KEY, apply_delta, is_delta
 from .events import EventWriter
 from .notices import NoticeWatcher
 
 StateFn = Callable[[], dict[str, Any]]
+PROGRESS_EVERY_S = 1.0
 
 
 class Preempted(Exception):
@@ -72,6 +74,7 @@ class RunContext:
             Checkpointer(store, events, job_id=self.job_id, attempt=attempt, parent_uri=resume_from) if store else None
         )
         self._pending_metrics: dict[str, list[float]] = {}
+        self._last_flush = time.time()
         self._last_metrics: dict[str, float] = {}
         self._emergency_done = threading.Event()
         self._step_lock = threading.Lock()
@@ -87,6 +90,9 @@ class RunContext:
         manifest = self.store.fetch(uri, dest)  # verifies every sha256
         # weights_only=True: a checkpoint from a rented host is data, never code.
         state = torch.load(dest / STATE_FILE, map_location="cpu", weights_only=True)
+        if is_delta(state):  # an emergency delta: its base first, then the changed leaves
+            base = self._load(state[DELTA_KEY]["base"], f"{purpose}-base")
+            state = apply_delta(base, state)
         self.events.emit("resumed" if purpose == "resume" else "loaded", uri=uri, step=manifest.step, tier=manifest.tier)
         return state
 
@@ -109,6 +115,7 @@ class RunContext:
             self._pending_metrics.setdefault(k, []).append(v)
 
     def _flush_metrics(self, step: int) -> dict[str, float]:
+        self._last_flush = time.time()
         if self._pending_metrics:
             # The mean since the last report: a smoother figure than one noisy batch.
             self._last_metrics = {k: sum(v) / len(v) for k, v in self._pending_metrics.items()}
@@ -122,7 +129,9 @@ class RunContext:
             self.log_metrics(step, metrics)
         with self._step_lock:
             self.last_step = step
-            if step % self.metrics_every == 0 or final:
+            # Every few steps, and at least once a second: the control plane's view of
+            # progress (and so the wasted-time figure after a loss) is never older than that.
+            if step % self.metrics_every == 0 or final or time.time() - self._last_flush >= PROGRESS_EVERY_S:
                 self._flush_metrics(step)
             ck = self.checkpointer
             if ck is None:

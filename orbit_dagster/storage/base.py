@@ -93,6 +93,11 @@ class CheckpointStore(Protocol):
         """Remove a checkpoint; a checkpoint already gone is not an error (returns False)."""
 
 
+def store_of(uri: str) -> CheckpointStore:
+    """A store that can read, verify and delete the checkpoint at `uri` (any kind)."""
+    return open_store(uri)
+
+
 def open_store(root_uri: str) -> CheckpointStore:
     """`file:///abs/dir` or a plain path -> FsStore; `s3://bucket/prefix` -> S3Store."""
     if root_uri.startswith("s3://"):

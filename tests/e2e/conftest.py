@@ -10,7 +10,10 @@ E2E_OVERRIDES = {"config.steps": 48, "checkpoint.every_steps": 12}
 
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory):
+    """The demo without reclaims: training, checkpoints, evaluations, ranking, cost."""
     home = tmp_path_factory.mktemp("e2e") / "orbit-home"
-    settings = Settings.from_env(home)
-    result = run_demo(settings, overrides=E2E_OVERRIDES, experiment="e2e", timeout_s=900)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ORBIT_HOME", str(home))
+        settings = Settings.from_env(home)
+        result = run_demo(settings, overrides=E2E_OVERRIDES, experiment="e2e", reclaims=False, timeout_s=900)
     return settings, result

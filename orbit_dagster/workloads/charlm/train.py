@@ -30,7 +30,11 @@ def main(ctx) -> None:
     corpus = Corpus(ctx.inputs / cfg.get("corpus", "corpus.txt"))
     torch.manual_seed(seed)
     model = build_model(cfg, len(corpus.vocab))
-    opt = torch.optim.AdamW(model.parameters(), lr=float(cfg.get("lr", 3e-3)), weight_decay=float(cfg.get("weight_decay", 0.01)))
+    if cfg.get("trainable", "all") == "head":  # fine-tune the output head only; the rest stays frozen
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith("head."))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=float(cfg.get("lr", 3e-3)), weight_decay=float(cfg.get("weight_decay", 0.01)))
     start = 0
     state = ctx.resume_state()
     if state is not None:
@@ -56,7 +60,7 @@ def main(ctx) -> None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)) / accum
             loss.backward()
             total += loss.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
         step_count = step + 1
         ctx.step_done(step_count, snapshot, {"train/loss": total}, final=step_count == steps)

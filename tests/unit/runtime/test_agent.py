@@ -96,3 +96,41 @@ def test_failures_are_classified(tmp_path, override, code, cls):
     proc = agent(b.path, tmp_path / "w", tmp_path / "s")
     info = json.loads((tmp_path / "w" / "artifacts" / "exit.json").read_text())
     assert (proc.returncode, info["failure_class"]) == (code, cls), info
+
+
+def _emergency_after_sigterm(tmp_path, trainable):
+    b = small_bundle(tmp_path, **{"config.steps": 100000, "checkpoint.every_steps": 8, "config.trainable": trainable})
+    proc = agent(b.path, tmp_path / "w", tmp_path / "s", wait=False)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        ev = events(tmp_path / "w") if (tmp_path / "w" / "artifacts" / "events.jsonl").exists() else []
+        if any(e["type"] == "checkpoint" for e in ev):
+            break
+        time.sleep(0.1)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 75
+    ev = events(tmp_path / "w")
+    durable = [e for e in ev if e["type"] == "checkpoint" and e["tier"] == "durable"]
+    emergency = [e for e in ev if e["type"] == "checkpoint" and e["tier"] == "emergency"][0]
+    return b, durable, emergency
+
+
+def test_emergency_is_a_delta_only_when_that_is_smaller(tmp_path):
+    # Head-only fine-tune: a small part of the state changes, so the emergency save is a delta ...
+    b, durable, emergency = _emergency_after_sigterm(tmp_path / "head", "head")
+    assert emergency["delta_of"] == durable[-1]["uri"] and emergency["changed_fraction"] < 0.5
+    assert emergency["bytes"] < 0.7 * durable[-1]["bytes"]
+    # ... and resuming from it (base + delta) gives exactly the weights an uninterrupted run has.
+    stop = emergency["step"] + 3
+    resumed = agent(b.path, tmp_path / "head" / "w2", tmp_path / "head" / "s", "--attempt", "2",
+                    "--resume-from", emergency["uri"], "--stop-after-step", str(stop), "--checkpoint-every", "1")
+    assert resumed.returncode == 99
+    ref = agent(b.path, tmp_path / "head" / "w3", tmp_path / "head" / "s3", "--stop-after-step", str(stop),
+                "--checkpoint-every", "1")
+    assert ref.returncode == 99
+    step_of = lambda w: {e["step"]: e["weights_sha256"] for e in events(w) if e["type"] == "checkpoint"}  # noqa: E731
+    assert step_of(tmp_path / "head" / "w2")[stop] == step_of(tmp_path / "head" / "w3")[stop]
+    # Full fine-tune: everything changes every step, so a full save is written instead.
+    _, _, full = _emergency_after_sigterm(tmp_path / "all", "all")
+    assert "delta_of" not in full and full["changed_fraction"] > 0.9

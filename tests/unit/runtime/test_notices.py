@@ -44,3 +44,35 @@ def test_watcher_reads_the_aws_instance_action_endpoint():
 def test_unreachable_endpoint_is_not_a_notice():
     w = NoticeWatcher("http://127.0.0.1:9", poll_s=0.05)
     assert w.poll_once() is False and not w.pending
+
+
+def test_watcher_uses_an_imdsv2_token_where_the_endpoint_requires_one():
+    seen_tokens = []
+
+    class H(BaseHTTPRequestHandler):
+        def do_PUT(self):
+            ok = self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+            self._reply(200 if ok else 400, b"tok-123" if ok else b"")
+
+        def do_GET(self):
+            token = self.headers.get("X-aws-ec2-metadata-token")
+            seen_tokens.append(token)
+            if token != "tok-123":
+                return self._reply(401, b"Unauthorized")
+            self._reply(200, json.dumps({"action": "terminate", "time": "2030-01-01T00:02:00Z"}).encode())
+
+        def _reply(self, code, body):
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    w = NoticeWatcher(f"http://127.0.0.1:{server.server_address[1]}")
+    assert w.poll_once() is True
+    server.shutdown()
+    assert seen_tokens == ["tok-123"] and w.notice["source"] == "metadata"

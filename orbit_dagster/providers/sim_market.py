@@ -1,0 +1,227 @@
+"""The simulated spot market's clock, reclaims and prices.
+
+Every instance lives on a replay of a spot trace: a real preemption trace when one is
+given (`$ORBIT_SIM_TRACES`), else a trace generated from the reclaim model fitted to the
+public traces (seeded, so a replay is repeatable). Market time runs `scale` times faster
+than the wall clock, and so does the notice window (AWS: 120 s of market time). One
+`market.json` under the sim directory fixes the clock for every process that rents from
+the market, so they all agree on when a zone reclaims.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from functools import lru_cache
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..catalog.traces import Trace, load_trace, next_available, reclaim_offsets
+from ..core.errors import NoCapacity, OrbitError
+from ..core.offers import Offer
+
+AWS_NOTICE_S = 120.0
+GCP_NOTICE_S = 30.0
+MARKET_FILE = "market.json"
+GENERATED_DAYS = 14
+
+
+@dataclass(frozen=True)
+class MarketConfig:
+    epoch_wall: float  # wall time at which market time == trace_offset_s
+    trace_offset_s: float  # where in the trace(s) the market clock starts
+    scale: float  # market seconds per wall second
+    notice_s: float  # notice window in market seconds
+    traces: tuple[str, ...]  # trace files, or ("generated:<seed>",)
+    price_days_per_wall_s: float = 1.0  # how fast the price history replays
+    # A scenario may place some zones' replays (offer id -> trace seconds at market time 0);
+    # every other zone starts at a stable hash of its offer id.
+    zone_offsets: dict = field(default_factory=dict)
+
+    def market_time(self, wall: float) -> float:
+        return self.trace_offset_s + (wall - self.epoch_wall) * self.scale
+
+    def wall_time(self, market_t: float) -> float:
+        return self.epoch_wall + (market_t - self.trace_offset_s) / self.scale
+
+    @property
+    def notice_wall_s(self) -> float:
+        return self.notice_s / self.scale
+
+
+@lru_cache(maxsize=8)
+def load_traces_for(names: tuple[str, ...]) -> list[Trace]:
+    from ..catalog.reclaim_model import generate_trace, load_reclaim_model
+
+    out = []
+    for name in names:
+        if name.startswith("generated:"):
+            seed = int(name.split(":", 1)[1])
+            out.append(generate_trace(load_reclaim_model(), seed, GENERATED_DAYS * 86400.0, 32.0))
+        else:
+            out.append(load_trace(name))
+    return out
+
+
+def preemption_traces(trace_dir: str | None) -> tuple[str, ...]:
+    """The preemption traces under a directory (any depth), or generated ones when absent."""
+    if trace_dir and Path(trace_dir).is_dir():
+        files = sorted(str(p.resolve()) for p in Path(trace_dir).rglob("*.json") if "preemption" in str(p))
+        if files:
+            return tuple(files)
+    return ("generated:1", "generated:2")
+
+
+def offer_shift(offer_id: str, duration_s: float) -> float:
+    """Where in the trace an offer's zone starts: a stable function of its id, so that
+    different zones do not reclaim in lock-step."""
+    h = int.from_bytes(hashlib.sha256(offer_id.encode()).digest()[:8], "big")
+    return (h % 10_000) / 10_000 * duration_s
+
+
+def runs(trace: Trace) -> list[tuple[bool, float, float]]:
+    """(up?, start s, end s) spans of a trace."""
+    out, start = [], 0
+    for k in range(1, len(trace.data) + 1):
+        if k == len(trace.data) or bool(trace.data[k]) != bool(trace.data[start]):
+            out.append((bool(trace.data[start]), start * trace.gap_seconds, k * trace.gap_seconds))
+            start = k
+    return out
+
+
+def place_zone(trace: Trace, *, up_for_s: float, then_down_s: float = 0.0, up_before_s: float = 0.0) -> float | None:
+    """A trace position where the zone has been up for `up_before_s`, stays up `up_for_s`,
+    and (when `then_down_s` > 0) is then reclaimed by a real 1->0 edge and stays down at
+    least `then_down_s`. With `then_down_s == 0` it only needs to stay up. First match."""
+    spans = runs(trace)
+    for i, (up, start, end) in enumerate(spans):
+        if not up or end - start < up_before_s + up_for_s:
+            continue
+        if then_down_s <= 0:
+            return start + up_before_s
+        nxt = spans[i + 1] if i + 1 < len(spans) else None
+        if nxt is not None and nxt[2] - nxt[1] >= then_down_s:
+            return end - up_for_s
+    return None
+
+
+class TraceMarket:
+    """A ReclaimSchedule (see providers.sim) that replays traces on the market clock."""
+
+    def __init__(self, config: MarketConfig):
+        self.config = config
+        self.traces = load_traces_for(config.traces)
+
+    def _zone(self, offer: Offer) -> tuple[Trace, float]:
+        trace = self.traces[int(hashlib.sha256(offer.offer_id.encode()).hexdigest(), 16) % len(self.traces)]
+        if offer.offer_id in self.config.zone_offsets:
+            return trace, float(self.config.zone_offsets[offer.offer_id]) - self.config.trace_offset_s
+        return trace, offer_shift(offer.offer_id, trace.duration_s)
+
+    def reclaim_at(self, offer: Offer, start_wall: float) -> float | None:
+        trace, shift = self._zone(offer)
+        t = (self.config.market_time(start_wall) + shift) % trace.duration_s
+        avail = next_available(trace, t, cyclic=True)
+        if avail is None or avail > t:
+            wait = None if avail is None else (avail - t) / self.config.scale
+            raise NoCapacity(
+                f"sim market: no spot capacity for {offer.offer_id} now"
+                + (f" (the zone returns in ~{wait:.0f} s)" if wait is not None else ""),
+                provider="sim",
+                fix="another offer, or wait",
+            )
+        offsets = reclaim_offsets(trace, t, trace.duration_s, cyclic=True)
+        return start_wall + offsets[0] / self.config.scale if offsets else None
+
+    def notice_seconds(self) -> float:
+        return self.config.notice_wall_s
+
+
+def market_path(sim_dir: Path) -> Path:
+    return Path(sim_dir) / MARKET_FILE
+
+
+def write_market(sim_dir: Path, config: MarketConfig) -> MarketConfig:
+    path = market_path(sim_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(asdict(config), sort_keys=True, indent=1))
+    tmp.replace(path)
+    return config
+
+
+def read_market(sim_dir: Path) -> MarketConfig | None:
+    try:
+        d = json.loads(market_path(sim_dir).read_text())
+    except FileNotFoundError:
+        return None
+    d["traces"] = tuple(d["traces"])
+    d.setdefault("zone_offsets", {})
+    return MarketConfig(**d)
+
+
+def ensure_market(sim_dir: Path, *, trace_dir: str | None, scale: float, notice_s: float) -> MarketConfig:
+    """The market of this sim directory; created (real time, trace start) on first use."""
+    existing = read_market(sim_dir)
+    if existing is not None:
+        return existing
+    if scale <= 0:
+        raise OrbitError("sim market scale must be > 0", field="ORBIT_SIM_SCALE", value=scale, fix="e.g. 1 or 60")
+    return write_market(sim_dir, MarketConfig(epoch_wall=time.time(), trace_offset_s=0.0, scale=scale,
+                                              notice_s=notice_s, traces=preemption_traces(trace_dir)))
+
+
+def reclaim_scenario(sim_dir: Path, *, trace_dir: str | None, offers: list[Offer], scale: float,
+                     plan: list[tuple[float, float]], notice_s: float = AWS_NOTICE_S) -> dict:
+    """Restart the market clock with the zones of `offers` (the ones a job will rent, best
+    first) placed on their traces: zone i is up now, is reclaimed `plan[i][0]` wall seconds
+    from now by a real 1->0 edge and then stays down at least `plan[i][1]` seconds (a plan
+    entry with 0 reclaim time means: stays up). Every up, down and reclaim is the trace's;
+    the scenario only chooses where each of these zones' replays starts."""
+    names = preemption_traces(trace_dir)
+    probe = TraceMarket(MarketConfig(time.time(), 0.0, scale, notice_s, names))
+    placed, zone_offsets = [], {}
+    for offer, (reclaim_in, down_for) in zip(offers, plan):
+        trace, _ = probe._zone(offer)
+        if reclaim_in > 0:
+            position = place_zone(trace, up_for_s=reclaim_in * scale, then_down_s=down_for * scale,
+                                  up_before_s=5 * scale)
+        else:
+            position = place_zone(trace, up_for_s=down_for * scale, up_before_s=5 * scale)
+        if position is None:
+            continue
+        zone_offsets[offer.offer_id] = position
+        placed.append({"offer": offer.offer_id, "trace": trace.name, "trace_position_s": position,
+                       "reclaim_in_wall_s": reclaim_in or None})
+    config = MarketConfig(epoch_wall=time.time(), trace_offset_s=0.0, scale=scale, notice_s=notice_s, traces=names,
+                          zone_offsets=zone_offsets)
+    write_market(sim_dir, config)
+    return {"generated": names[0].startswith("generated:"), "scale": scale, "notice_wall_s": config.notice_wall_s,
+            "zones": placed}
+
+
+def price_feed(config: MarketConfig, offers: list[Offer], since_wall: float | None, now_wall: float) -> list[dict]:
+    """Price ticks of the offers between two wall times: the real GCE price history,
+    replayed at `price_days_per_wall_s` days per wall second from the market's epoch."""
+    from ..catalog.gce import price_history
+
+    start_hist = datetime(2024, 1, 1, tzinfo=timezone.utc).timestamp()
+
+    def hist_time(wall: float) -> float:
+        return start_hist + (wall - config.epoch_wall) * config.price_days_per_wall_s * 86400.0
+
+    lo, hi = hist_time(since_wall if since_wall is not None else config.epoch_wall), hist_time(now_wall)
+    ticks = []
+    for offer in offers:
+        _, itype, region = offer.offer_id.split(":", 2)
+        for when, on_demand, spot in price_history(itype, region):
+            ts = when.timestamp()
+            if lo < ts <= hi or (since_wall is None and ts <= lo):
+                wall = config.epoch_wall + (ts - start_hist) / (config.price_days_per_wall_s * 86400.0)
+                ticks.append({"offer_id": offer.offer_id, "wall": max(wall, config.epoch_wall),
+                              "usd_per_hour_spot": spot, "usd_per_hour_on_demand": on_demand,
+                              "history_time": when.isoformat()})
+    return ticks

@@ -1,0 +1,170 @@
+"""Surviving reclaims on the real sim market, without Dagster: the control plane's recovery path.
+
+(The same path under a real Dagster daemon, restarts included, is tests/e2e/test_recovery_e2e.py.)
+"""
+import math
+import threading
+import time
+
+import pytest
+
+from orbit_dagster.control.attempt import run_attempt
+from orbit_dagster.control.providers import provider_for
+from orbit_dagster.control.recovery import recover_lost
+from orbit_dagster.control.settings import Settings
+from orbit_dagster.control.submit import submit
+from orbit_dagster.ledger import records as R
+from orbit_dagster.providers.base import RunHandle
+from orbit_dagster.storage import open_store
+
+CFG = {"config.steps": 60, "checkpoint.every_steps": 10}
+
+
+@pytest.fixture
+def settings(orbit_home):
+    return Settings.from_env(orbit_home)
+
+
+class Background:
+    def __init__(self, fn):
+        self.result, self.error = None, None
+        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn):
+        try:
+            self.result = fn()
+        except BaseException as exc:  # surfaced by join()
+            self.error = exc
+
+    def join(self, timeout=300):
+        self.thread.join(timeout)
+        if self.error:
+            raise self.error
+        return self.result
+
+
+def wait_for(predicate, timeout=120, every=0.2):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(every)
+    raise AssertionError("condition not met in time")
+
+
+def handle_of(settings, job, attempt):
+    return RunHandle.model_validate_json(R.run(settings.ledger(), R.run_id_for(job, attempt))["handle"])
+
+
+def last_step(ledger, job, attempt):
+    return ledger.scalar("SELECT max(step) FROM metric_points WHERE run_id = ?", [R.run_id_for(job, attempt)])
+
+
+def final_weights(ledger, job):
+    return ledger.scalar("SELECT weights_sha256 FROM checkpoints WHERE job_id = ? ORDER BY step DESC LIMIT 1", [job])
+
+
+def test_sigkill_without_notice_resumes_from_the_last_durable_checkpoint(settings):
+    ledger = settings.ledger()
+    job = submit(settings, "charlm-finetune", CFG, experiment="kill")
+    bg = Background(lambda: run_attempt(settings, job))
+    wait_for(lambda: ledger.scalar("SELECT count(*) FROM checkpoints WHERE job_id = ?", [job]) >= 2)
+    time.sleep(0.7)  # somewhere between two checkpoints
+    provider_for(settings, "sim_host_process").kill(handle_of(settings, job, 1).instance)
+    first = bg.join()
+    assert first.state == "LOST" and first.failure_class == "reclaim"
+    # The run that saw the loss queued the next attempt itself; the sensor's pass is a no-op.
+    row = R.require_job(ledger, job)
+    assert (row["state"], row["attempt"], row["failure_class"]) == ("QUEUED", 2, "reclaim")
+    assert recover_lost(settings, job)["action"] == "none"
+    second = run_attempt(settings, job)
+    assert second.state == "SUCCEEDED" and second.attempt == 2
+    resumed = ledger.rows("SELECT resume_from FROM runs WHERE run_id = ?", [R.run_id_for(job, 2)])[0]["resume_from"]
+    ckpts_1 = ledger.rows("SELECT step, checkpoint_key FROM checkpoints WHERE run_id = ? ORDER BY step", [R.run_id_for(job, 1)])
+    assert resumed == ckpts_1[-1]["checkpoint_key"]  # the newest durable one
+    lost_steps = last_step(ledger, job, 1) - ckpts_1[-1]["step"]
+    assert 0 <= lost_steps <= CFG["checkpoint.every_steps"]
+    # Nothing half-written was ever registered: every registered checkpoint verifies.
+    store = open_store(settings.store_uri)
+    for row in ledger.rows("SELECT uri FROM checkpoints WHERE job_id = ?", [job]):
+        store.verify(row["uri"])
+    # The chain crosses the attempt boundary.
+    first_of_2 = ledger.rows("SELECT parent_key FROM checkpoints WHERE run_id = ? ORDER BY step LIMIT 1", [R.run_id_for(job, 2)])
+    assert first_of_2[0]["parent_key"] == resumed
+    # Wasted GPU-seconds are the lost steps' time; the bill adds up across attempts.
+    wasted = ledger.scalar("SELECT coalesce(sum(seconds), 0) FROM costs WHERE job_id = ? AND kind = 'wasted'", [job])
+    step_s = ledger.scalar(
+        "SELECT (max(epoch(ts)) - min(epoch(ts))) / (max(step) - min(step)) FROM metric_points WHERE run_id = ?",
+        [R.run_id_for(job, 2)])
+    assert abs(wasted - lost_steps * step_s) <= 2 * step_s + 1.2
+    billed = ledger.scalar("SELECT sum(seconds * usd_per_second) FROM instance_usage WHERE job_id = ?", [job])
+    assert math.isclose(ledger.scalar("SELECT sum(usd) FROM costs WHERE job_id = ?", [job]), billed, rel_tol=0.01)
+    # And the weights are those of an uninterrupted run.
+    ref = submit(settings, "charlm-finetune", CFG, experiment="kill-ref")
+    assert run_attempt(settings, ref).state == "SUCCEEDED"
+    assert final_weights(ledger, job) == final_weights(ledger, ref)
+
+
+def test_a_notice_becomes_an_emergency_checkpoint_and_no_step_is_lost(settings):
+    ledger = settings.ledger()
+    job = submit(settings, "charlm-finetune", {"config.steps": 90, "checkpoint.every_steps": 100}, experiment="notice")
+    bg = Background(lambda: run_attempt(settings, job))
+    wait_for(lambda: (last_step(ledger, job, 1) or 0) >= 15)
+    provider = provider_for(settings, "sim_host_process")
+    provider.inject_reclaim(handle_of(settings, job, 1).instance, in_seconds=4, notice_seconds=3)
+    first = bg.join()
+    assert first.state == "LOST"
+    emergency = ledger.rows("SELECT * FROM checkpoints WHERE job_id = ? AND tier = 'emergency'", [job])
+    assert len(emergency) == 1
+    assert emergency[0]["step"] == last_step(ledger, job, 1)  # the newest state, nothing lost
+    # The instance was released as soon as the emergency checkpoint was safe, not at the deadline.
+    usage = ledger.rows("SELECT * FROM instance_usage WHERE run_id = ?", [R.run_id_for(job, 1)])[0]
+    assert usage["stopped_at"].timestamp() <= emergency[0]["created_at"].timestamp() + 3.5
+    notices = ledger.rows("SELECT detail FROM events WHERE job_id = ? AND kind = 'host_notice'", [job])
+    assert len(notices) == 1
+    second = run_attempt(settings, job)
+    assert second.state == "SUCCEEDED"
+    assert ledger.rows("SELECT resume_from FROM runs WHERE run_id = ?", [R.run_id_for(job, 2)])[0]["resume_from"] \
+        == emergency[0]["checkpoint_key"]
+
+
+def test_oom_retries_once_with_the_whitelisted_change(settings):
+    ledger = settings.ledger()
+    # 16 MB of device memory: micro_batch 16 needs ~22 MB of activations, 8 needs ~11 MB.
+    job = submit(settings, "charlm-finetune", {"config.steps": 6, "config.device_memory_mb": 16})
+    out = run_attempt(settings, job)
+    assert (out.state, out.failure_class) == ("FAILED", "oom")
+    row = R.require_job(ledger, job)
+    assert (row["state"], row["attempt"], row["failure_class"]) == ("QUEUED", 2, "oom")
+    bundle = R.bundle_for(ledger, job, 2)
+    assert '"micro_batch": 8' in open(f"{bundle['path']}/job.json").read()
+    assert run_attempt(settings, job).state == "SUCCEEDED"
+
+
+def test_a_second_oom_and_a_user_error_are_not_retried(settings):
+    ledger = settings.ledger()
+    job = submit(settings, "charlm-finetune", {"config.steps": 6, "config.device_memory_mb": 1})
+    assert run_attempt(settings, job).failure_class == "oom"
+    assert run_attempt(settings, job).failure_class == "oom"  # attempt 2, halved, still too big
+    assert R.require_job(ledger, job)["state"] == "FAILED"
+    bad = submit(settings, "charlm-finetune", {"config.lr": -1.0})
+    out = run_attempt(settings, bad)
+    assert (out.state, out.failure_class, out.exit_code) == ("FAILED", "user_error", 1)
+    row = R.require_job(ledger, bad)
+    assert (row["state"], row["attempt"], row["failure_class"]) == ("FAILED", 1, "user_error")
+
+
+def test_too_many_interruptions_fail_the_job_with_a_readable_reason(settings):
+    ledger = settings.ledger()
+    job = submit(settings, "charlm-finetune", {"config.steps": 400, "max_interruptions": 1})
+    provider = provider_for(settings, "sim_host_process")
+    for attempt in (1, 2):
+        bg = Background(lambda: run_attempt(settings, job))
+        wait_for(lambda: R.run(ledger, R.run_id_for(job, attempt)) is not None)
+        provider.kill(handle_of(settings, job, attempt).instance)
+        assert bg.join().state == "LOST"
+        recover_lost(settings, job)
+    row = R.require_job(ledger, job)
+    assert row["state"] == "FAILED" and row["failure_class"] == "reclaim"
+    assert "interrupted 2 times" in row["reason"] and "max_interruptions=1" in row["reason"]
