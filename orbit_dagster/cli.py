@@ -191,6 +191,23 @@ def offers(gpu: str | None, max_price: float | None, as_json: bool) -> None:
 
 
 @cli.command()
+@click.option("--trace", "trace", required=True, type=click.Path(), help="a spot trace file (formats: docs/policies.md)")
+@click.option("--policy", default=None, help="none, fixed-30m, young-daly, hindsight, orbit; with a deadline: "
+              "greedy, uniform-progress, orbit, optimal (default: all)")
+@click.option("--job-hours", type=float, default=None)
+@click.option("--deadline-hours", type=float, default=None)
+@click.option("--notice-seconds", type=float, default=None)
+@click.option("--json", "as_json", is_flag=True)
+def simulate(trace: str, policy: str | None, job_hours: float | None, deadline_hours: float | None,
+             notice_seconds: float | None, as_json: bool) -> None:
+    """Replay a spot trace through the policies the control plane uses (deterministic)."""
+    from .policy.report import simulate_command, format_result_table
+
+    result = simulate_command(trace, policy, job_hours, deadline_hours, notice_seconds)
+    click.echo(json.dumps(result, indent=2, sort_keys=True) if as_json else format_result_table(result))
+
+
+@cli.command()
 def templates() -> None:
     """List the shipped and user templates."""
     from .core.templates import list_templates

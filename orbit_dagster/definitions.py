@@ -2,10 +2,13 @@
 import dagster as dg
 
 from .assets.best import best_checkpoint
+from .assets.catalog import offer_catalog
 from .assets.costs import cost_summary
 from .assets.evaluation import evaluation
 from .assets.training import checkpoint, training_run
-from .jobs import EXECUTOR, best_job, cost_job, eval_job, train_job
+from .jobs import EXECUTOR, best_job, cost_job, discovery_job, eval_job, train_job
+from .schedules.backfill import eval_backfill_schedule
+from .schedules.discovery import offer_discovery_schedule
 from .resources import OrbitResource
 from .sensors.evaluations import checkpoint_evaluation_sensor
 from .sensors.followups import best_checkpoint_sensor, cost_summary_sensor
@@ -14,8 +17,9 @@ from .sensors.prices import price_feed_sensor
 from .sensors.queue import job_queue_sensor
 
 defs = dg.Definitions(
-    assets=[training_run, checkpoint, evaluation, best_checkpoint, cost_summary],
-    jobs=[train_job, eval_job, best_job, cost_job],
+    assets=[training_run, checkpoint, evaluation, best_checkpoint, cost_summary, offer_catalog],
+    jobs=[train_job, eval_job, best_job, cost_job, discovery_job],
+    schedules=[offer_discovery_schedule, eval_backfill_schedule],
     sensors=[job_queue_sensor, checkpoint_evaluation_sensor, best_checkpoint_sensor, cost_summary_sensor,
              spot_interruption_sensor, price_feed_sensor],
     resources={"orbit": OrbitResource()},

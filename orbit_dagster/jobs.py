@@ -12,4 +12,6 @@ train_job = dg.define_asset_job("train_job", selection=["training_run"],
 eval_job = dg.define_asset_job("eval_job", selection=["evaluation"], tags={"orbit/kind": "eval"}, executor_def=EXECUTOR)
 best_job = dg.define_asset_job("best_job", selection=["best_checkpoint"], tags={"orbit/kind": "best"},
                                executor_def=EXECUTOR)
+discovery_job = dg.define_asset_job("discovery_job", selection=["offer_catalog"], tags={"orbit/kind": "discovery"},
+                                    executor_def=EXECUTOR)
 cost_job = dg.define_asset_job("cost_job", selection=["cost_summary"], tags={"orbit/kind": "cost"}, executor_def=EXECUTOR)

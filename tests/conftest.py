@@ -39,4 +39,21 @@ def orbit_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("ORBIT_SIM_RECLAIMS", "none")
     for var in ("ORBIT_SIM_TRACES", "ORBIT_SIM_SCALE", "ORBIT_SIM_NOTICE_SECONDS"):
         monkeypatch.delenv(var, raising=False)
-    return home
+    yield home
+    kill_processes_under(home)
+
+
+def kill_processes_under(root: Path) -> None:
+    """End what a test left running under its home (sim hosts and their workloads, which
+    by design outlive the process that rented them), by process group."""
+    import signal
+
+    token = str(root).encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if token in (proc / "cmdline").read_bytes():
+                os.killpg(os.getpgid(int(proc.name)), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue

@@ -8,7 +8,9 @@ from ..core.errors import NotFound, OrbitError
 from ..ledger import utcnow
 from ..ledger import records as R
 from ..providers.base import LaunchSpec
-from .attempt import NullReporter, Reporter, _instance_row, _provision_first, _release
+from .attempt import NullReporter, Reporter
+from .billing import instance_row, release
+from .dispatch import provision_first
 from .offers import rank_for
 from .providers import provider_for
 from .settings import Settings
@@ -37,8 +39,8 @@ def evaluate_checkpoint(settings: Settings, checkpoint_key: str, *, suite: str |
     for attempt in range(1, MAX_EVAL_TRIES + 1):
         ranked, _ = rank_for(ledger, provider, bundle.spec.execution_request, job_id=ckpt["job_id"], attempt=0,
                              notice_s=provider.notice_seconds, template=template.name, avoid=reclaimed)
-        instance, _ = _provision_first(provider, ranked, ckpt["job_id"], 0)
-        ledger.commit({"instances": [_instance_row(instance, "eval", ckpt["job_id"], None, checkpoint_key)]})
+        instance, _ = provision_first(provider, ranked, ckpt["job_id"], 0)
+        ledger.commit({"instances": [instance_row(instance, "eval", ckpt["job_id"], None, checkpoint_key)]})
         t0 = time.time()
         handle = provider.launch(instance, bundle.path, LaunchSpec(
             task="eval", attempt=attempt,
@@ -72,7 +74,7 @@ def evaluate_checkpoint(settings: Settings, checkpoint_key: str, *, suite: str |
                     "step": int(ckpt["step"]), "name": name, "value": float(value), "source": "eval", "ts": now,
                 } for name, value in metrics.items()],
             }
-        _release(settings, ledger, provider, instance, job_id=ckpt["job_id"], run_id=None, attempt=0, checkpoints=[],
+        release(settings, ledger, provider, instance, job_id=ckpt["job_id"], run_id=None, attempt=0, checkpoints=[],
                  lost=False, last_progress=None, reason="evaluation done", purpose="eval",
                  eval_checkpoint=checkpoint_key, extra=extra)
         if extra:

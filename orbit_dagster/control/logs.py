@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..core.errors import NotFound
 from ..ledger import records as R
 from ..providers.base import RunHandle
-from .attempt import _bundle_and_provider
+from .context import bundle_and_provider
 from .settings import Settings
 
 
@@ -19,5 +19,5 @@ def attempt_log(settings: Settings, job_id: str, attempt: int | None = None, tai
     if run is None or not run["handle"]:
         raise NotFound(f"job {job_id} has no attempt {attempt} with a log yet", field="--attempt", value=attempt,
                        fix=f"attempts so far: 1..{job['attempt']}; a queued attempt has no log until it runs")
-    _, provider = _bundle_and_provider(settings, ledger, job_id, attempt)
+    _, provider = bundle_and_provider(settings, ledger, job_id, attempt)
     return provider.logs(RunHandle.model_validate_json(run["handle"]), tail)

@@ -26,9 +26,11 @@ def measured_tflops(ledger: Ledger) -> dict[str, float]:
     )
     out: dict[str, float] = {}
     for r in rows:
-        tflops = json.loads(r["detail"] or "{}").get("tflops")
-        if tflops:
-            out[r["offer_id"]] = float(tflops)
+        probe = json.loads(r["detail"] or "{}")
+        # Only a GPU's figure stands for a GPU offer: a simulated host (a CPU) is measured
+        # and recorded, but never ranks an offer by its CPU's speed.
+        if probe.get("tflops") and probe.get("device", "cpu") != "cpu":
+            out[r["offer_id"]] = float(probe["tflops"]) / max(int(probe.get("gpus", 1) or 1), 1)
     return out
 
 
@@ -52,3 +54,9 @@ def measured_step_seconds(ledger: Ledger, template: str | None = None) -> float:
     )
     value = rows[0]["s"] if rows else None
     return float(value) if value else DEFAULT_STEP_S
+
+
+def probed_offers(ledger: Ledger) -> set[str]:
+    """Offers on which the agent's TFLOPS probe has already run."""
+    return {r["offer_id"] for r in ledger.rows(
+        "SELECT DISTINCT i.offer_id FROM events e JOIN instances i USING (instance_id) WHERE e.kind = 'host_probe'")}

@@ -13,7 +13,8 @@ from typing import Callable
 
 from ..ledger import records as R
 from ..providers.base import RunHandle
-from .attempt import _bundle_and_provider, close_lost_attempt
+from .billing import close_lost_attempt, stop_cancelled
+from .context import bundle_and_provider
 from .recovery import recover_lost
 from .settings import Settings
 
@@ -37,6 +38,15 @@ class ReconcileReport:
         return out
 
 
+def cancelled_but_running(ledger) -> list[dict]:
+    """Attempts of cancelled jobs whose workload was never stopped (no run followed it)."""
+    return ledger.rows(
+        """SELECT s.job_id, r.attempt, r.run_id, r.handle FROM job_status s
+           JOIN run_status r ON r.job_id = s.job_id AND r.attempt = s.attempt
+           WHERE s.state = 'CANCELLED' AND r.state = 'RUNNING'"""
+    )
+
+
 def active_attempts(ledger) -> list[dict]:
     return ledger.rows(
         """SELECT s.job_id, s.attempt, r.run_id, r.handle FROM job_status s
@@ -53,7 +63,7 @@ def reconcile(settings: Settings, followed: Callable[[str, int], bool] = lambda 
     for row in active_attempts(ledger):
         job_id, attempt = row["job_id"], int(row["attempt"])
         handle = RunHandle.model_validate_json(row["handle"])
-        _, provider = _bundle_and_provider(settings, ledger, job_id, attempt)
+        _, provider = bundle_and_provider(settings, ledger, job_id, attempt)
         inst = handle.instance
         if inst.instance_id not in noticed:
             for notice in provider.notices(inst):
@@ -71,6 +81,14 @@ def reconcile(settings: Settings, followed: Callable[[str, int], bool] = lambda 
                 report.lost.append(job_id)
         else:
             report.reattach.append({"job_id": job_id, "attempt": attempt})
+    for row in cancelled_but_running(ledger):
+        if followed(row["job_id"], int(row["attempt"])):
+            continue  # the run following it stops it
+        handle = RunHandle.model_validate_json(row["handle"])
+        _, provider = bundle_and_provider(settings, ledger, row["job_id"], int(row["attempt"]))
+        stop_cancelled(settings, ledger, provider, handle, job_id=row["job_id"], attempt=int(row["attempt"]),
+                       run_id=row["run_id"])
+        report.lost.append(f"{row['job_id']} (cancelled: workload stopped)")
     for row in ledger.rows("SELECT job_id FROM job_status WHERE state = 'LOST'"):
         result = recover_lost(settings, row["job_id"])
         if result["action"] != "none":

@@ -79,8 +79,10 @@ def recover_lost(settings: Settings, job_id: str) -> dict:
         reason = f"interrupted {lost} times, more than max_interruptions={limit}; last: {job['reason']}"
         R.transition(ledger, job_id, JobState.FAILED, attempt=attempt, reason=reason, failure_class="reclaim")
         return {"job_id": job_id, "action": "failed", "reason": reason}
-    new_attempt = requeue(settings, job_id, reason=f"recovering from interruption {lost}: {job['reason']}",
-                          failure_class="reclaim", expect_attempt=attempt)
+    moved = job["failure_class"] == "migration"
+    new_attempt = requeue(settings, job_id, expect_attempt=attempt, failure_class=job["failure_class"] or "reclaim",
+                          reason="moving to the provisioned replacement" if moved
+                          else f"recovering from interruption {lost}: {job['reason']}")
     return {"job_id": job_id, "action": "requeued", "attempt": new_attempt}
 
 

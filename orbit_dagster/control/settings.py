@@ -25,6 +25,8 @@ class Settings:
     aws_region: str = "us-east-1"
     aws_endpoint_url: str | None = None
     aws_image_id: str | None = None
+    # Proactive migration compares an offer's risk over windows of this many seconds.
+    migration_window_s: float = 600.0
 
     @classmethod
     def from_env(cls, home: str | Path | None = None) -> "Settings":
@@ -39,6 +41,7 @@ class Settings:
             aws_region=os.environ.get("ORBIT_AWS_REGION") or os.environ.get("AWS_REGION") or "us-east-1",
             aws_endpoint_url=os.environ.get("ORBIT_AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL") or None,
             aws_image_id=os.environ.get("ORBIT_AWS_IMAGE_ID") or None,
+            migration_window_s=float(os.environ.get("ORBIT_MIGRATION_WINDOW_S", 600)),
         )
 
     @property

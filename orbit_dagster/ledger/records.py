@@ -112,4 +112,7 @@ def checkpoint_key(job_id: str, step: int) -> str:
 
 
 def interruptions(ledger: Ledger, job_id: str) -> int:
-    return int(ledger.scalar("SELECT count(*) FROM job_states WHERE job_id = ? AND state = 'LOST'", [job_id]) or 0)
+    """Losses that count against `max_interruptions`: not the moves orbit chose to make."""
+    return int(ledger.scalar(
+        "SELECT count(*) FROM job_states WHERE job_id = ? AND state = 'LOST' AND coalesce(failure_class, '') <> 'migration'",
+        [job_id]) or 0)

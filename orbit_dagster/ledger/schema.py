@@ -79,7 +79,7 @@ TABLES: dict[str, Table] = {
                 ("instance_id", S), ("provider", S), ("offer_id", S), ("instance_type", S), ("gpu", S),
                 ("gpu_count", I), ("region", S), ("zone", S), ("usd_per_second", F), ("spot", B),
                 ("purpose", S), ("job_id", S), ("run_id", S), ("checkpoint_key", S), ("gpu_slots", S),
-                ("started_at", TS),
+                ("handle", S), ("started_at", TS),
             ),
             ("instance_id",),
         ),
@@ -180,10 +180,10 @@ VIEWS: dict[str, str] = {
         SELECT c.job_id, j.experiment, j.project,
                sum(c.usd) AS usd, sum(c.seconds) AS instance_seconds,
                sum(c.usd) FILTER (WHERE c.kind = 'wasted') AS wasted_usd,
-               sum(c.seconds) FILTER (WHERE c.kind = 'wasted') AS wasted_gpu_seconds,
+               sum(c.seconds * greatest(i.gpu_count, 1)) FILTER (WHERE c.kind = 'wasted') AS wasted_gpu_seconds,
                sum(c.usd) FILTER (WHERE c.kind = 'eval') AS eval_usd,
                count(DISTINCT c.attempt) FILTER (WHERE c.kind <> 'eval') AS attempts
-        FROM costs c LEFT JOIN owners j USING (job_id)
+        FROM costs c LEFT JOIN owners j USING (job_id) LEFT JOIN instances i USING (instance_id)
         GROUP BY ALL ORDER BY usd DESC""",
     "cost_by_experiment": """
         SELECT experiment, project, sum(usd) AS usd, sum(wasted_usd) AS wasted_usd,

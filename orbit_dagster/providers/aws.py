@@ -28,8 +28,9 @@ from .aws_errors import END_STATES, aws_errors, notice_from_spot_request, reques
     transition_time
 from .base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
 from .local_host import HostTransport, LocalHostTransport
-from .sim import _fits, _read_json
-from .sim_host import write_json
+from .common import offer_fits
+from .jsonfiles import read_json as _read_json
+from .jsonfiles import write_json
 
 # Names (never values) a played host may forward from this process's environment.
 CREDENTIAL_NAMES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
@@ -143,7 +144,7 @@ class AwsSpotProvider:
             if offer.region != self.region or offer.instance_type not in types:
                 continue
             offer = _join_shape(offer, *types[offer.instance_type])
-            if resources is None or _fits(offer, resources):
+            if resources is None or offer_fits(offer, resources):
                 out.append(offer)
         return out
 

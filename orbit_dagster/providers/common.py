@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..core.execution import Resources
+from ..core.offers import Offer
 from .base import LaunchSpec
 
 
@@ -38,3 +40,11 @@ def read_event_file(path: Path, offset: int) -> tuple[list[dict], int]:
     end = chunk.rfind(b"\n") + 1
     events, _ = parse_events(chunk[:end].decode("utf-8", errors="replace"))
     return events, offset + end
+
+
+def offer_fits(offer: Offer, r: Resources) -> bool:
+    """Does the offer meet the requested GPU model, count and memory?"""
+    if r.gpu not in ("any", "", None) and offer.gpu.lower() != r.gpu.lower():
+        return False
+    return offer.gpu_count >= r.gpu_count and offer.gpu_memory_gb >= r.gpu_memory_gb
+

@@ -24,7 +24,7 @@ from ..core.errors import NoCapacity
 from ..core.offers import Offer
 from .base import InstanceHandle, LaunchSpec, Notice, RunHandle, RunStatus
 from .sim import SimProvider, pid_alive
-from .sim_host import write_json
+from .jsonfiles import write_json
 
 
 @runtime_checkable
@@ -95,7 +95,7 @@ class LocalHostTransport:
                              start_new_session=True, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.time() + self.boot_timeout_s
         while time.time() < deadline:
-            port = self._sim._state(instance_id).get("metadata_port")
+            port = self._sim.host_state(instance_id).get("metadata_port")
             if port:
                 return {"dir": str(d), "metadata_url": f"http://127.0.0.1:{port}", "transport": "local"}
             time.sleep(0.05)
@@ -143,7 +143,7 @@ class LocalHostTransport:
 
     def host_pid(self, instance_id: str) -> int | None:
         """The played machine's process id while it runs, else None."""
-        pid = self._sim._state(instance_id).get("pid")
+        pid = self._sim.host_state(instance_id).get("pid")
         return int(pid) if pid and pid_alive(int(pid)) else None
 
     def kill_all(self) -> list[str]:

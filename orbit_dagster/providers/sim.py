@@ -25,8 +25,8 @@ from ..core.errors import NoCapacity, ResourceNotFound
 from ..core.execution import Resources
 from ..core.offers import Offer
 from .base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
-from .common import agent_argv, read_event_file
-from .sim_host import write_json
+from .common import agent_argv, offer_fits, read_event_file
+from .jsonfiles import read_json as _read_json, write_json
 
 HEARTBEAT_STALE_S = 10.0
 
@@ -99,14 +99,14 @@ class SimProvider:
     def list_offers(self, resources: Resources | None = None) -> list[Offer]:
         offers = list(self._offers if self._offers is not None else default_offers())
         if resources is not None:
-            offers = [o for o in offers if _fits(o, resources)]
+            offers = [o for o in offers if offer_fits(o, resources)]
         return offers
 
     # ---- instances ----------------------------------------------------------------
     def _dir(self, instance_id: str) -> Path:
         return self.instances / instance_id
 
-    def _state(self, instance_id: str) -> dict:
+    def host_state(self, instance_id: str) -> dict:
         try:
             return json.loads((self._dir(instance_id) / "state.json").read_text())
         except (FileNotFoundError, ValueError):
@@ -138,7 +138,7 @@ class SimProvider:
             )
         deadline = time.time() + 20
         while time.time() < deadline:
-            state = self._state(instance_id)
+            state = self.host_state(instance_id)
             if state.get("metadata_port"):
                 return InstanceHandle(
                     provider=self.name,
@@ -151,7 +151,7 @@ class SimProvider:
         raise NoCapacity(f"sim instance {instance_id} did not boot within 20 s", provider=self.name)
 
     def instance_alive(self, instance: InstanceHandle) -> bool:
-        state = self._state(instance.instance_id)
+        state = self.host_state(instance.instance_id)
         if state.get("status") not in ("running", "terminating"):
             return False
         if not pid_alive(int(state["pid"])):
@@ -159,7 +159,7 @@ class SimProvider:
         return time.time() - float(state.get("heartbeat_at", 0)) < HEARTBEAT_STALE_S
 
     def instance_times(self, instance: InstanceHandle) -> InstanceTimes:
-        state = self._state(instance.instance_id)
+        state = self.host_state(instance.instance_id)
         if not state:
             raise ResourceNotFound(f"sim instance {instance.instance_id} is unknown", provider=self.name)
         stopped = state.get("stopped_at")
@@ -176,15 +176,15 @@ class SimProvider:
         if self.instance_alive(instance):
             write_json(d / "terminate.json", {"reason": reason, "at": time.time()})
             deadline = time.time() + self.grace_seconds + 15
-            while time.time() < deadline and self._state(instance.instance_id).get("status") in ("running", "terminating"):
-                if not pid_alive(int(self._state(instance.instance_id)["pid"])):
+            while time.time() < deadline and self.host_state(instance.instance_id).get("status") in ("running", "terminating"):
+                if not pid_alive(int(self.host_state(instance.instance_id)["pid"])):
                     break
                 time.sleep(0.05)
         return self.instance_times(instance)
 
     def kill(self, instance: InstanceHandle) -> None:
         """Chaos: the machine vanishes with no notice (SIGKILL to the host and its workload)."""
-        state = self._state(instance.instance_id)
+        state = self.host_state(instance.instance_id)
         try:
             os.killpg(os.getpgid(int(state["pid"])), signal.SIGKILL)
         except (ProcessLookupError, KeyError):
@@ -240,7 +240,7 @@ class SimProvider:
 
     def status(self, run: RunHandle) -> RunStatus:
         d = self._dir(run.instance.instance_id)
-        state = self._state(run.instance.instance_id)
+        state = self.host_state(run.instance.instance_id)
         exit_info = _read_json(Path(run.run_ref) / "artifacts" / "exit.json")
         child_exit = _read_json(d / "child_exit.json")
         if state.get("status") in ("reclaiming", "reclaimed"):
@@ -310,19 +310,7 @@ class SimProvider:
         return store_uri
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-
 
 def _threads(bundle: Path) -> int:
     job = json.loads((bundle / "job.json").read_text())
     return int(job["template_snapshot"].get("resources", {}).get("cpu_threads", 1))
-
-
-def _fits(offer: Offer, r: Resources) -> bool:
-    if r.gpu not in ("any", "", None) and offer.gpu.lower() != r.gpu.lower():
-        return False
-    return offer.gpu_count >= r.gpu_count and offer.gpu_memory_gb >= r.gpu_memory_gb

@@ -21,14 +21,11 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from .jsonfiles import write_json
+
 TICK_S = 0.05
 HEARTBEAT_S = 0.5
 
-
-def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, sort_keys=True))
-    tmp.replace(path)
 
 
 def iso(ts: float) -> str:

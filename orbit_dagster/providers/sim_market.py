@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import time
 from functools import lru_cache
@@ -217,11 +216,16 @@ def price_feed(config: MarketConfig, offers: list[Offer], since_wall: float | No
     ticks = []
     for offer in offers:
         _, itype, region = offer.offer_id.split(":", 2)
-        for when, on_demand, spot in price_history(itype, region):
+        history = price_history(itype, region)
+        if since_wall is None:  # the price in force when the replay starts, then its changes
+            before = [h for h in history if h[0].timestamp() <= lo]
+            history = before[-1:] + [h for h in history if h[0].timestamp() > lo]
+        for when, on_demand, spot in history:
             ts = when.timestamp()
-            if lo < ts <= hi or (since_wall is None and ts <= lo):
-                wall = config.epoch_wall + (ts - start_hist) / (config.price_days_per_wall_s * 86400.0)
-                ticks.append({"offer_id": offer.offer_id, "wall": max(wall, config.epoch_wall),
-                              "usd_per_hour_spot": spot, "usd_per_hour_on_demand": on_demand,
-                              "history_time": when.isoformat()})
+            if ts <= lo and since_wall is not None or ts > hi:
+                continue
+            wall = config.epoch_wall + (max(ts, start_hist) - start_hist) / (config.price_days_per_wall_s * 86400.0)
+            ticks.append({"offer_id": offer.offer_id, "wall": max(wall, since_wall or config.epoch_wall),
+                          "usd_per_hour_spot": spot, "usd_per_hour_on_demand": on_demand,
+                          "history_time": when.isoformat()})
     return ticks

@@ -32,6 +32,7 @@ from .common import agent_argv
 from .ssh_checkpoints import fetch_checkpoint, mkdirs, push_checkpoint, remote_dir_of, rewrite_uri, uri_path
 from .ssh_inventory import Inventory, InventoryError, SshHost, default_inventory_path
 from .ssh_session import HostSessions
+from .jsonfiles import read_json as _read_json, write_json as _write_json
 
 LAUNCH_WINDOW_S = 60.0  # a claimed run with no wrapper pid is starting for this long, then lost
 EVENTS_READ_MAX = 4 << 20  # bytes per read_events call: bounded memory, the rest comes next poll
@@ -396,15 +397,3 @@ def _listing(bundle: Path) -> dict[str, tuple[int, str, Path]]:
             out[rel] = (p.stat().st_size, h.hexdigest(), p)
     return out
 
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, sort_keys=True))
-    tmp.replace(path)

@@ -27,6 +27,7 @@ from .ssh_checkpoints import mkdirs
 from .ssh_errors import RemoteCommandError, SlotsBusy, UnknownHostKey, translated
 from .ssh_host import NO_CAPACITY
 from .ssh_inventory import Inventory, SshHost, load_inventory
+from .jsonfiles import read_json as _read_json, write_json as _write_json
 
 T = TypeVar("T")
 HELPER_SOURCE = Path(__file__).with_name("ssh_host.py").read_bytes()
@@ -266,15 +267,3 @@ class HostSessions:
     def last_ok(self, name: str) -> float | None:
         return (_read_json(self.state_dir / "hosts" / f"{name}.json") or {}).get("last_ok")
 
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, sort_keys=True))
-    tmp.replace(path)

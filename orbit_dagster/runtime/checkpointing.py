@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -1,7 +1,5 @@
 """The example template on every provider, changing only the placement override: the sim
 market, an SSH rental host (a real sshd on loopback), AWS EC2 spot (moto's server)."""
-import pytest
-
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.evaluate import evaluate_checkpoint
 from orbit_dagster.control.providers import provider_for
@@ -59,3 +57,47 @@ def test_aws_spot_through_moto(orbit_home, aws_env, ami, s3_bucket, monkeypatch)
     assert ledger.scalar("SELECT provider FROM runs WHERE job_id = ?", [job]) == "aws"
     assert all(c["uri"].startswith(f"s3://{s3_bucket}/ckpt/") for c in ledger.rows(
         "SELECT uri FROM checkpoints WHERE job_id = ?", [job]))
+
+
+def test_a_workload_killed_on_the_ssh_host_is_recovered_by_the_reclaim_path(orbit_home, ssh_inventory, monkeypatch):
+    import os
+    import signal
+    import threading
+    import time
+    from pathlib import Path
+
+    from orbit_dagster.ledger import records as R
+
+    monkeypatch.setenv("ORBIT_SSH_HOSTS", str(ssh_inventory()))
+    settings = Settings.from_env(orbit_home)
+    ledger = settings.ledger()
+    job = submit(settings, "charlm-finetune", {"placement": "ssh_rental", "config.steps": 60,
+                                               "checkpoint.every_steps": 10})
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(first=run_attempt(settings, job, poll_s=0.1)), daemon=True)
+    runner.start()
+    deadline = time.time() + 120
+    while time.time() < deadline and ledger.scalar("SELECT count(*) FROM checkpoints WHERE job_id = ?", [job]) < 2:
+        time.sleep(0.2)
+    # Kill the remote agent from outside (no exit file, no notice): the host is still there.
+    remote = str(orbit_home.parent / "remote")  # the fixture host's workdir
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _is_train_agent_under(p, remote)]
+    assert len(pids) == 1
+    os.kill(pids[0], signal.SIGKILL)
+    runner.join(120)
+    assert (outcome["first"].state, outcome["first"].failure_class) == ("LOST", "reclaim")
+    row = R.require_job(ledger, job)
+    assert (row["state"], row["attempt"]) == ("QUEUED", 2)
+    second = run_attempt(settings, job, poll_s=0.1)
+    assert second.state == "SUCCEEDED"
+    last_durable = ledger.rows("SELECT checkpoint_key FROM checkpoints WHERE run_id = ? ORDER BY step DESC LIMIT 1",
+                               [R.run_id_for(job, 1)])[0]["checkpoint_key"]
+    assert R.run(ledger, R.run_id_for(job, 2))["resume_from"] == last_durable
+
+
+def _is_train_agent_under(proc, root: str) -> bool:
+    try:
+        cmd = (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"orbit_dagster.runtime.agent" in cmd and b"--task\x00train" in cmd and root.encode() in cmd

@@ -57,13 +57,20 @@ def test_shipped_advisor_is_the_linux_gpu_subset(prices_dir):
     assert bands == tuple(read_spot_advisor_json(prices_dir / "aws_spot_advisor_2025-06-28.json")[0])
 
 
-def test_band_rates_reproduce_their_monthly_midpoints():
+def test_band_rates_rise_with_the_band_and_come_from_the_fitted_model():
+    from orbit_dagster.catalog.reclaim_model import load_reclaim_model
+
     bands = load_advisor()[0]
     rates = [b.reclaims_per_hour for b in bands]
     assert rates == sorted(rates) and len(set(rates)) == len(rates)
+    model = load_reclaim_model()
     for b in bands:
         assert b.low_pct < b.midpoint_pct < b.high_pct
-        assert 1 - math.exp(-b.reclaims_per_hour * HOURS_PER_MONTH) == pytest.approx(b.midpoint_pct / 100)
+        assert b.reclaims_per_hour == model.band_rate(b.index)
+        # The naive monthly reading of a band, kept for comparison, reproduces its midpoint ...
+        assert 1 - math.exp(-b.naive_reclaims_per_hour * HOURS_PER_MONTH) == pytest.approx(b.midpoint_pct / 100)
+        # ... and is far below what the traces measured.
+        assert b.reclaims_per_hour > 10 * b.naive_reclaims_per_hour
     assert [b.low_pct for b in bands[1:]] == [b.high_pct for b in bands[:-1]]  # contiguous
 
 

@@ -1,0 +1,121 @@
+"""Proactive migration: move a job off an offer whose risk keeps rising, make-before-break.
+
+Risk of an offer, per window: its reclaim rate estimated from everything the ledger has
+seen on it up to the end of the window (the prior from the spot-advisor band or the fitted
+model, updated with reclaims and exposure across all jobs). The policy
+(`policy.migration.should_migrate`) moves when that rose three windows in a row, the work
+left is long enough for the move to pay, and it fits the budget. The move, in order:
+
+1. provision the replacement on the target offer (recorded as the next attempt's instance);
+2. checkpoint: the current host is asked to stop (SIGTERM), so the agent writes an
+   emergency checkpoint of the newest state;
+3. switch: the attempt ends `LOST / migration` (not an interruption) and the next attempt
+   is dispatched onto the replacement, resuming from that checkpoint;
+4. release: the old instance is billed and released by the run that followed it.
+A failure before step 2 leaves the job where it was (the replacement is released).
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+from ..core.offers import Offer
+from ..ledger import Ledger, utcnow
+from ..ledger import records as R
+from ..policy.migration import risk_rising, should_migrate
+from ..policy.reclaim_rate import ReclaimRateEstimator
+from ..providers.base import RunHandle
+from .billing import instance_row, release
+from .context import bundle_and_provider
+from .observations import measured_step_seconds
+from .offers import DEFAULT_RESTORE_S, measured_save_seconds, rank_for
+from .reconcile import active_attempts
+from .settings import Settings
+
+WINDOWS = 4  # three rises need four windows
+
+
+def risk_history(ledger: Ledger, offer: Offer, now: datetime, window_s: float, windows: int = WINDOWS) -> list[float]:
+    """The offer's estimated reclaim rate per hour at the end of each of the last windows."""
+    out = []
+    for k in range(windows):
+        end = now - timedelta(seconds=(windows - 1 - k) * window_s)
+        row = ledger.rows(
+            """SELECT (SELECT count(*) FROM run_status r WHERE r.offer_id = ? AND r.state = 'LOST'
+                         AND coalesce(r.failure_class, '') <> 'migration' AND r.state_ts <= ?) AS reclaims,
+                      (SELECT coalesce(sum(greatest(0, epoch(least(coalesce(u.stopped_at, ?), ?) - u.started_at))), 0)
+                         FROM instance_usage u WHERE u.offer_id = ? AND u.started_at <= ?) AS exposure""",
+            [offer.offer_id, end, end, end, offer.offer_id, end],
+        )[0]
+        est = ReclaimRateEstimator.for_offer(offer)
+        est.observe(int(row["reclaims"]), float(row["exposure"]))
+        out.append(est.rate_per_hour)
+    return out
+
+
+def consider_migrations(settings: Settings, *, now: datetime | None = None, window_s: float | None = None) -> list[dict]:
+    """Decide for every running attempt; carry out the moves the policy asks for."""
+    ledger = settings.ledger()
+    now = now or datetime.now(timezone.utc)
+    window_s = window_s or settings.migration_window_s
+    moves = []
+    for row in active_attempts(ledger):
+        job_id, attempt = row["job_id"], int(row["attempt"])
+        handle = RunHandle.model_validate_json(row["handle"])
+        current = handle.instance.offer
+        if not current.spot or ledger.scalar(
+                "SELECT count(*) FROM events WHERE kind = 'migration_started' AND run_id = ?", [row["run_id"]]):
+            continue
+        history = risk_history(ledger, current, now, window_s)
+        if not risk_rising(history):
+            continue
+        bundle, provider = bundle_and_provider(settings, ledger, job_id, attempt)
+        template = bundle.spec.template
+        ranked, _ = rank_for(ledger, provider, bundle.spec.execution_request, job_id=job_id, attempt=attempt,
+                             notice_s=provider.notice_seconds, template=template.name, avoid={current.offer_id})
+        target = next((o for o in ranked if o.offer_id != current.offer_id), None)
+        if target is None:
+            continue
+        last_step = ledger.scalar("SELECT max(step) FROM metric_points WHERE run_id = ?", [row["run_id"]]) or 0
+        remaining_s = max(int(template.config.get("steps", 0)) - int(last_step), 0) * measured_step_seconds(
+            ledger, template.name)
+        target_rate = ReclaimRateEstimator.for_offer(target).rate_per_hour
+        decision = should_migrate(history, remaining_work_s=remaining_s, current=current, target=target,
+                                  target_rate_per_hour=target_rate, save_s=measured_save_seconds(ledger, template.name),
+                                  restore_s=DEFAULT_RESTORE_S, notice_s=provider.notice_seconds)
+        window = int(now.timestamp() // window_s)
+        ledger.commit({"decisions": [{
+            "decision_id": f"migration:{row['run_id']}:{window}", "job_id": job_id, "attempt": attempt,
+            "kind": "migration", "chosen": target.offer_id if decision.migrate else current.offer_id,
+            "runner_up": current.offer_id if decision.migrate else target.offer_id,
+            "inputs": R.dumps(decision.as_record()), "ts": utcnow()}]})
+        if decision.migrate:
+            moves.append(migrate(settings, ledger, provider, handle, job_id=job_id, attempt=attempt, target=target,
+                                 reason=decision.reason))
+    return moves
+
+
+def migrate(settings: Settings, ledger: Ledger, provider, handle: RunHandle, *, job_id: str, attempt: int,
+            target: Offer, reason: str) -> dict:
+    run_id, next_run = R.run_id_for(job_id, attempt), R.run_id_for(job_id, attempt + 1)
+    replacement = provider.provision(target, tags={"orbit/job": job_id, "orbit/attempt": str(attempt + 1),
+                                                   "orbit/migration-from": handle.instance.instance_id})
+    try:
+        ledger.commit({
+            "instances": [instance_row(replacement, "train", job_id, next_run)],
+            "events": [R.event("migration_started", job_id=job_id, run_id=run_id, instance_id=handle.instance.instance_id,
+                               to_offer=target.offer_id, replacement=replacement.instance_id, reason=reason)],
+        })
+        provider.terminate(handle.instance, "migration: checkpoint and stop")  # SIGTERM -> emergency checkpoint
+    except BaseException:
+        release(settings, ledger, provider, replacement, job_id=job_id, run_id=next_run, attempt=attempt + 1,
+                 checkpoints=[], lost=False, last_progress=None, reason="migration aborted")
+        raise
+    return {"job_id": job_id, "attempt": attempt, "from": handle.instance.offer.offer_id, "to": target.offer_id,
+            "replacement": replacement.instance_id}
+
+
+def migration_summary(ledger: Ledger, job_id: str) -> list[dict]:
+    return [json.loads(r["detail"]) | {"ts": r["ts"]} for r in ledger.rows(
+        "SELECT detail, ts FROM events WHERE kind = 'migration_started' AND job_id = ? ORDER BY ts", [job_id])]
+

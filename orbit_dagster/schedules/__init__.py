@@ -1,0 +1,1 @@
+"""Schedules: the daily offer-catalog discovery and the evaluation backfill."""

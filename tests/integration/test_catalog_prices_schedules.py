@@ -1,0 +1,84 @@
+"""Offer discovery, the price feed, the TFLOPS probe at first launch, and the schedules."""
+import json
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+
+import dagster as dg
+
+from orbit_dagster.control.attempt import run_attempt
+from orbit_dagster.control.discovery import refresh_catalog
+from orbit_dagster.control.prices import ingest_prices
+from orbit_dagster.control.settings import Settings
+from orbit_dagster.control.submit import cancel, submit
+from orbit_dagster.ledger import records as R
+from orbit_dagster.resources import OrbitResource
+from orbit_dagster.schedules.backfill import eval_backfill_schedule
+
+
+def test_discovery_records_what_changed_between_two_refreshes(orbit_home):
+    settings = Settings.from_env(orbit_home)
+    first = refresh_catalog(settings, at=datetime(2024, 6, 1, tzinfo=timezone.utc))
+    assert first["first_refresh"] and first["offers"] > 100 and not first["changes"]
+    second = refresh_catalog(settings, at=datetime(2026, 7, 30, tzinfo=timezone.utc))
+    assert second["changes"].get("price_changed", 0) > 0
+    rows = settings.ledger().rows("SELECT detail FROM events WHERE kind = 'catalog_change'")
+    kinds = {json.loads(r["detail"])["change"] for r in rows}
+    assert "price_changed" in kinds and sum(second["changes"].values()) == len(rows)
+    # A g2-standard-4 spot price that fell over those two years, recorded with both figures.
+    moves = [json.loads(r["detail"]) for r in rows]
+    g2 = [m for m in moves if m.get("offer_id") == "gce:g2-standard-4:europe-north1" and m.get("market") == "spot"]
+    assert g2 and g2[0]["new_usd_per_gpu_hour"] < g2[0]["old_usd_per_gpu_hour"]
+
+
+def test_price_feed_ingests_ticks_and_flags_a_job_over_its_max_price(orbit_home):
+    settings = Settings.from_env(orbit_home)
+    ledger = settings.ledger()
+    # Admitted at today's price ($0.0772/GPU-h for the cheapest L4), while the feed replays
+    # the history from 2024, when it cost $0.2335: the job is flagged.
+    job = submit(settings, "charlm-finetune", {"config.steps": 2000, "max_price_per_gpu_hour": 0.08})
+    runner = threading.Thread(target=run_attempt, args=(settings, job), daemon=True)
+    runner.start()
+    deadline = time.time() + 120
+    while time.time() < deadline and (R.job(ledger, job) or {}).get("state") != "RUNNING":
+        time.sleep(0.2)
+    report = ingest_prices(settings, None)
+    offer = ledger.scalar("SELECT offer_id FROM runs WHERE job_id = ?", [job])
+    assert report.ticks > 0 and ledger.scalar("SELECT count(*) FROM price_ticks WHERE offer_id = ?", [offer]) > 0
+    assert [f["job_id"] for f in report.flagged] == [job]
+    assert ingest_prices(settings, datetime.now(timezone.utc)).flagged == []  # flagged once per attempt
+    # The first instance of the offer ran the TFLOPS probe; a CPU figure never ranks a GPU offer.
+    deadline = time.time() + 60
+    while time.time() < deadline and not ledger.scalar("SELECT count(*) FROM metric_points WHERE job_id = ?", [job]):
+        time.sleep(0.2)
+    probe = ledger.rows("SELECT detail FROM events WHERE kind = 'host_probe' AND job_id = ?", [job])
+    assert probe and json.loads(probe[0]["detail"])["tflops"] > 0
+    cancel(settings, job)
+    runner.join(60)
+    assert R.require_job(ledger, job)["state"] == "CANCELLED"
+    assert ledger.scalar("SELECT count(*) FROM instance_usage WHERE job_id = ? AND running", [job]) == 0
+
+
+def test_eval_backfill_schedule_requests_every_unevaluated_checkpoint(orbit_home):
+    settings = Settings.from_env(orbit_home)
+    job = submit(settings, "charlm-finetune", {"config.steps": 8, "checkpoint.every_steps": 4})
+    assert run_attempt(settings, job).state == "SUCCEEDED"
+    with dg.build_schedule_context(scheduled_execution_time=datetime(2026, 11, 29, 6, 30, tzinfo=timezone.utc),
+                                   resources={"orbit": OrbitResource(home=str(orbit_home))}) as context:
+        requests = eval_backfill_schedule(context)
+    assert sorted(r.partition_key for r in requests) == [f"{job}/4", f"{job}/8"]
+    assert all(r.run_key.startswith("backfill:") and r.run_key.endswith(":2026-11-29") for r in requests)
+
+
+def test_orbit_offers_json_lists_gce_h100_with_prices_and_reliability(orbit_home):
+    out = subprocess.run([sys.executable, "-m", "orbit_dagster.cli", "offers", "--gpu", "H100", "--json"],
+                         capture_output=True, text=True, env={"ORBIT_HOME": str(orbit_home), "PATH": ""}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    offers = json.loads(out.stdout)["offers"]
+    gce = [o for o in offers if o["provider"] == "gce"]
+    assert gce and all(o["gpu"].startswith("H100") for o in offers)
+    assert all(o["usd_per_gpu_hour_on_demand"] and o["usd_per_gpu_hour_spot"] and 0 < o["reliability"] <= 1 for o in gce)
+    ranked = [o["usd_per_effective_tflop_hour"] for o in offers if o["usd_per_effective_tflop_hour"] is not None]
+    assert ranked == sorted(ranked)
