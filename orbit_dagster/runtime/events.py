@@ -43,6 +43,9 @@ class EventWriter:
                 fh.write(line)
                 fh.flush()
                 os.fsync(fh.fileno())
+            # The same, readable, in the workload's log (`orbit logs JOB`).
+            shown = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("precheck",) and not isinstance(v, dict))
+            print(f"{time.strftime('%H:%M:%S', time.gmtime(event['ts']))} {type_} {shown}", flush=True)
             return event
 
 

@@ -44,6 +44,11 @@ def test_a_job_trains_checkpoints_evaluates_ranks_and_bills(settings):
     per_ckpt = ledger.rows("SELECT * FROM cost_by_checkpoint WHERE job_id = ?", [job])
     assert {r["checkpoint_key"] for r in per_ckpt} == {c["checkpoint_key"] for c in ckpts}
     assert all(r["eval_usd"] > 0 and r["train_usd"] > 0 for r in per_ckpt)
+    # `orbit logs JOB`: the workload's log, collected from the host.
+    from orbit_dagster.control.logs import attempt_log
+
+    log = attempt_log(settings, job)
+    assert "checkpoint step=24" in log and "exit code=0" in log
 
 
 def test_rerunning_a_finished_bundle_reproduces_the_weights(settings):
