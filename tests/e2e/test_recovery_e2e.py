@@ -1,6 +1,7 @@
 """Recovery under a real Dagster daemon: a reclaim notice delivered twice, the daemon
 restarted in the middle of the recovery, then a host killed with no notice at all.
 Exactly one run per attempt; the job resumes from the right checkpoint each time."""
+import functools
 import time
 
 import dagster as dg
@@ -13,18 +14,11 @@ from orbit_dagster.control.submit import submit
 from orbit_dagster.instance import Daemon, dagster_instance
 from orbit_dagster.ledger import records as R
 from orbit_dagster.providers.base import RunHandle
+from tests import helpers
 
 pytestmark = pytest.mark.e2e
-
-
-def wait_for(predicate, timeout=240, every=0.5, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
+# A daemon starts runs in seconds, not instantly: wait longer, poll less.
+wait_for = functools.partial(helpers.wait_for, timeout=240, every=0.5)
 
 
 def test_notice_twice_daemon_restart_and_sigkill(orbit_home):

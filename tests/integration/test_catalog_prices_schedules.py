@@ -3,7 +3,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from datetime import datetime, timezone
 
 import dagster as dg
@@ -16,6 +15,7 @@ from orbit_dagster.control.submit import cancel, submit
 from orbit_dagster.ledger import records as R
 from orbit_dagster.resources import OrbitResource
 from orbit_dagster.schedules.backfill import eval_backfill_schedule
+from tests.helpers import wait_for
 
 
 def test_discovery_records_what_changed_between_two_refreshes(orbit_home):
@@ -41,18 +41,14 @@ def test_price_feed_ingests_ticks_and_flags_a_job_over_its_max_price(orbit_home)
     job = submit(settings, "charlm-finetune", {"config.steps": 2000, "max_price_per_gpu_hour": 0.08})
     runner = threading.Thread(target=run_attempt, args=(settings, job), daemon=True)
     runner.start()
-    deadline = time.time() + 120
-    while time.time() < deadline and (R.job(ledger, job) or {}).get("state") != "RUNNING":
-        time.sleep(0.2)
+    wait_for(lambda: (R.job(ledger, job) or {}).get("state") == "RUNNING", what="the job running")
     report = ingest_prices(settings, None)
     offer = ledger.scalar("SELECT offer_id FROM runs WHERE job_id = ?", [job])
     assert report.ticks > 0 and ledger.scalar("SELECT count(*) FROM price_ticks WHERE offer_id = ?", [offer]) > 0
     assert [f["job_id"] for f in report.flagged] == [job]
     assert ingest_prices(settings, datetime.now(timezone.utc)).flagged == []  # flagged once per attempt
     # The first instance of the offer ran the TFLOPS probe; a CPU figure never ranks a GPU offer.
-    deadline = time.time() + 60
-    while time.time() < deadline and not ledger.scalar("SELECT count(*) FROM metric_points WHERE job_id = ?", [job]):
-        time.sleep(0.2)
+    wait_for(lambda: ledger.scalar("SELECT count(*) FROM metric_points WHERE job_id = ?", [job]), what="training")
     probe = ledger.rows("SELECT detail FROM events WHERE kind = 'host_probe' AND job_id = ?", [job])
     assert probe and json.loads(probe[0]["detail"])["tflops"] > 0
     cancel(settings, job)

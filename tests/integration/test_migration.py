@@ -1,7 +1,6 @@
 """Proactive migration on the real sim market: make-before-break when an offer's risk keeps rising."""
 import json
 import threading
-import time
 from datetime import datetime, timedelta, timezone
 
 from orbit_dagster.control.attempt import run_attempt
@@ -10,6 +9,7 @@ from orbit_dagster.control.settings import Settings
 from orbit_dagster.control.submit import cancel, submit
 from orbit_dagster.ledger import records as R
 from orbit_dagster.providers.base import RunHandle
+from tests.helpers import wait_for
 
 
 def reclaims_seen_on(ledger, offer_id: str, times: list[datetime]) -> None:
@@ -36,9 +36,8 @@ def test_rising_risk_moves_the_job_make_before_break(orbit_home, monkeypatch):
     job = submit(settings, "charlm-finetune", {"config.steps": 6000, "checkpoint.every_steps": 2000})
     runner = threading.Thread(target=run_attempt, args=(settings, job), daemon=True)
     runner.start()
-    deadline = time.time() + 120
-    while time.time() < deadline and (ledger.scalar("SELECT max(step) FROM metric_points WHERE job_id = ?", [job]) or 0) < 20:
-        time.sleep(0.2)
+    wait_for(lambda: (ledger.scalar("SELECT max(step) FROM metric_points WHERE job_id = ?", [job]) or 0) >= 20,
+             what="some training")
     first = R.run(ledger, R.run_id_for(job, 1))
     offer = RunHandle.model_validate_json(first["handle"]).instance.offer
     now = datetime.now(timezone.utc)
@@ -58,10 +57,8 @@ def test_rising_risk_moves_the_job_make_before_break(orbit_home, monkeypatch):
 
     runner = threading.Thread(target=run_attempt, args=(settings, job), daemon=True)
     runner.start()
-    deadline = time.time() + 120
-    while time.time() < deadline and not ledger.scalar(
-            "SELECT count(*) FROM metric_points WHERE run_id = ?", [R.run_id_for(job, 2)]):
-        time.sleep(0.2)
+    wait_for(lambda: ledger.scalar("SELECT count(*) FROM metric_points WHERE run_id = ?", [R.run_id_for(job, 2)]),
+             what="attempt 2 training")
     cancel(settings, job)
     runner.join(60)
     run2 = R.run(ledger, R.run_id_for(job, 2))

@@ -3,7 +3,6 @@
 (The same path under a real Dagster daemon, restarts included, is tests/e2e/test_recovery_e2e.py.)
 """
 import math
-import threading
 import time
 
 import pytest
@@ -16,6 +15,7 @@ from orbit_dagster.control.submit import submit
 from orbit_dagster.ledger import records as R
 from orbit_dagster.providers.base import RunHandle
 from orbit_dagster.storage import open_store
+from tests.helpers import Background, wait_for
 
 CFG = {"config.steps": 60, "checkpoint.every_steps": 10}
 
@@ -23,34 +23,6 @@ CFG = {"config.steps": 60, "checkpoint.every_steps": 10}
 @pytest.fixture
 def settings(orbit_home):
     return Settings.from_env(orbit_home)
-
-
-class Background:
-    def __init__(self, fn):
-        self.result, self.error = None, None
-        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self.thread.start()
-
-    def _run(self, fn):
-        try:
-            self.result = fn()
-        except BaseException as exc:  # surfaced by join()
-            self.error = exc
-
-    def join(self, timeout=300):
-        self.thread.join(timeout)
-        if self.error:
-            raise self.error
-        return self.result
-
-
-def wait_for(predicate, timeout=120, every=0.2):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(every)
-    raise AssertionError("condition not met in time")
 
 
 def handle_of(settings, job, attempt):

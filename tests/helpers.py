@@ -1,0 +1,37 @@
+"""Small helpers the integration and end-to-end tests share."""
+from __future__ import annotations
+
+import threading
+import time
+
+
+def wait_for(predicate, timeout: float = 120, every: float = 0.2, what: str = "condition"):
+    """Poll until `predicate()` is truthy; return its value, or fail naming `what`."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Background:
+    """Run a function in a thread; `join()` returns its result or raises its error."""
+
+    def __init__(self, fn):
+        self.result, self.error = None, None
+        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn):
+        try:
+            self.result = fn()
+        except BaseException as exc:  # surfaced by join()
+            self.error = exc
+
+    def join(self, timeout: float = 300):
+        self.thread.join(timeout)
+        if self.error:
+            raise self.error
+        return self.result
