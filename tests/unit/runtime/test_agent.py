@@ -28,7 +28,11 @@ def agent(bundle: Path, workdir: Path, store: Path, *args: str, wait=True):
     env = {**os.environ, "PYTHONPATH": str(bundle / "runtime"), "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-m", "orbit_dagster.runtime.agent", str(bundle), "--workdir", str(workdir),
             "--store", store.as_uri(), *args]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    workdir.mkdir(parents=True, exist_ok=True)
+    # The agent's log goes to a file: a pipe nobody reads would fill and block it.
+    log = open(workdir / "agent.log", "ab")
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
     if wait:
         proc.wait(180)
     return proc
@@ -45,7 +49,7 @@ def final_weights(workdir: Path) -> str:
 def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path):
     b = small_bundle(tmp_path)
     full = agent(b.path, tmp_path / "w1", tmp_path / "s1")
-    assert full.returncode == 0, full.stdout.read()
+    assert full.returncode == 0, (tmp_path / "w1" / "agent.log").read_text()
     ck = [e for e in events(tmp_path / "w1") if e["type"] == "checkpoint"]
     assert [e["step"] for e in ck] == [4, 8, 12]
     assert (tmp_path / "w1" / "artifacts" / "runtime-precheck.log").read_text().startswith("bundle_sha256: " + b.bundle_hash)
@@ -53,7 +57,7 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path):
     assert crashed.returncode == 99
     resume = (tmp_path / "s2" / "job-agent" / "step-000000004").as_uri()
     resumed = agent(b.path, tmp_path / "w2", tmp_path / "s2", "--attempt", "2", "--resume-from", resume)
-    assert resumed.returncode == 0, resumed.stdout.read()
+    assert resumed.returncode == 0, (tmp_path / "w2" / "agent.log").read_text()
     assert final_weights(tmp_path / "w2") == final_weights(tmp_path / "w1")
     exit_info = json.loads((tmp_path / "w2" / "artifacts" / "exit.json").read_text())
     assert exit_info["code"] == 0 and exit_info["last_step"] == 12
