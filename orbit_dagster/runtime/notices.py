@@ -40,10 +40,15 @@ class NoticeWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._imds_token: tuple[str, float] | None = None
+        self._sigterm_at: float | None = None
 
     @property
     def pending(self) -> bool:
-        return self._event.is_set()
+        return self._sigterm_at is not None or self._event.is_set()
+
+    @property
+    def source(self) -> str:
+        return (self.notice or {}).get("source") or ("sigterm" if self._sigterm_at is not None else "unknown")
 
     def _fire(self, source: str, deadline: float | None) -> None:
         if self._event.is_set():
@@ -55,7 +60,12 @@ class NoticeWatcher:
 
     def install_sigterm(self) -> None:
         def handler(signum, frame):  # noqa: ARG001
-            self._fire("sigterm", None)
+            # A signal handler runs on the main thread between two bytecodes, possibly while
+            # that thread holds a lock the notice's bookkeeping needs (the event writer's):
+            # so it only sets a flag and hands the rest to a thread of its own.
+            if self._sigterm_at is None:
+                self._sigterm_at = time.time()
+                threading.Thread(target=self._fire, args=("sigterm", None), name="sigterm", daemon=True).start()
 
         signal.signal(signal.SIGTERM, handler)
 

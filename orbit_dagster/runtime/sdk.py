@@ -138,9 +138,9 @@ class RunContext:
                 return
             if self.watcher.pending:
                 self.events.emit("progress", step=step)
-                ck.save_emergency(step, state_fn(), self._flush_metrics(step), source=self.watcher.notice["source"])
+                ck.save_emergency(step, state_fn(), self._flush_metrics(step), source=self.watcher.source)
                 self._emergency_done.set()
-                raise Preempted(f"reclaim notice ({self.watcher.notice['source']}); emergency checkpoint at step {step}")
+                raise Preempted(f"reclaim notice ({self.watcher.source}); emergency checkpoint at step {step}")
             if final or step % self.checkpoint_every == 0:
                 self.events.emit("progress", step=step)
                 ck.save_durable_async(step, state_fn(), self._flush_metrics(step))

@@ -61,6 +61,8 @@ def test_lineage_page_shows_the_filled_partitions(webserver, demo_run, tmp_path)
         page.goto(f"{url}/assets/evaluation?view=lineage&lineageDepth=2", wait_until="networkidle")
         page.get_by_text("best_checkpoint", exact=True).first.wait_for(timeout=60_000)
         page.get_by_text("4 partitions").first.wait_for(timeout=30_000)
+        # Each node loads its partition status on its own: wait until they all have.
+        page.get_by_text("100% filled").nth(2).wait_for(timeout=60_000)
         text = page.inner_text("body")
         page.screenshot(path=str(tmp_path / "lineage.png"))
         browser.close()
