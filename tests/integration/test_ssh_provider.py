@@ -27,6 +27,7 @@ from orbit_dagster.core.execution import Resources
 from orbit_dagster.providers.base import InstanceHandle, LaunchSpec, RunHandle
 from orbit_dagster.providers.ssh import SshProvider
 from orbit_dagster.storage.fs import FsStore
+from tests.helpers import wait_for
 from tests.unit.runtime.test_agent import small_bundle
 
 from .sshd import free_port, keygen
@@ -40,18 +41,8 @@ def provider(inventory: Path, tmp_path: Path, **kw) -> SshProvider:
     return SshProvider(inventory, state_dir=tmp_path / f"state-{len(list(tmp_path.glob('state-*')))}", **kw)
 
 
-def wait_for(fn, timeout=60.0, poll=0.1):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        out = fn()
-        if out:
-            return out
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout} s")
-
-
 def wait_ended(p: SshProvider, run: RunHandle, timeout=90.0):
-    return wait_for(lambda: (st := p.status(run)).state in ("exited", "lost") and st, timeout, 0.2)
+    return wait_for(lambda: (st := p.status(run)).state in ("exited", "lost") and st, timeout, what="the run to end")
 
 
 def agent_pids(bundle_dir: str) -> list[int]:
@@ -172,7 +163,7 @@ def test_dropped_connection_reattaches_without_a_second_launch_and_a_killed_work
     spec = LaunchSpec(store_uri=p.host_store_uri(inst, (tmp_path / "store").as_uri()),
                       secret_env=("ORBIT_TEST_TOKEN",))
     run = p.launch(inst, bundle.path, spec)
-    wait_for(lambda: any(e["type"] == "metrics" for e in p.read_events(run, 0)[0]), 90, 0.2)
+    wait_for(lambda: any(e["type"] == "metrics" for e in p.read_events(run, 0)[0]), 90, what="first metrics")
     remote_bundle = str(Path(inst.address["run_root"]) / "bundle")
     [agent] = agent_pids(remote_bundle)
     # The secret reached the workload's environment, and nothing else: not argv, not a file, not the handle.
@@ -193,7 +184,7 @@ def test_dropped_connection_reattaches_without_a_second_launch_and_a_killed_work
     assert len(pids) == 1, f"a second agent was launched: {pids}"
 
     os.kill(pids[0], signal.SIGKILL)  # killed from outside: no exit file
-    status = wait_for(lambda: (st := other.status(handle)).state != "running" and st, 20)
+    status = wait_for(lambda: (st := other.status(handle)).state != "running" and st, 20, what="the run to stop")
     assert (status.state, status.failure_class) == ("lost", "reclaim") and "signal 9" in status.reason
     assert other.reattach(handle) is None
     times = other.terminate(inst, "lost")
@@ -227,7 +218,7 @@ def test_gpu_slots_are_exclusive_across_control_plane_processes(ssh_inventory, t
     runs = [p.launch(lease, bundle.path, LaunchSpec(store_uri=p.host_store_uri(lease, "file:///unused")))
             for lease in leases]
     for r in runs:  # training: the agent handles SIGTERM from here on
-        wait_for(lambda r=r: any(e["type"] == "metrics" for e in p.read_events(r, 0)[0]), 90, 0.2)
+        wait_for(lambda r=r: any(e["type"] == "metrics" for e in p.read_events(r, 0)[0]), 90, what="first metrics")
     started = [[e for e in p.read_events(r, 0)[0] if e["type"] == "started"][0] for r in runs]
     assert sorted(e["precheck"]["cuda_visible_devices"] for e in started) == ["0", "1"]
     p.terminate(leases[0], "done")  # SIGTERM: the agent checkpoints and exits as preempted

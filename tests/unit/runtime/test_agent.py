@@ -12,6 +12,7 @@ import pytest
 from orbit_dagster.core.bundle import build_bundle
 from orbit_dagster.core.submission import TaskSubmission, apply_overrides
 from orbit_dagster.core.templates import load_template
+from tests.helpers import wait_for
 
 SMALL = {"config.steps": 12, "checkpoint.every_steps": 4}
 
@@ -63,15 +64,17 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path):
     assert exit_info["code"] == 0 and exit_info["last_step"] == 12
 
 
+def wait_for_event(workdir: Path, kind: str) -> None:
+    """Wait until the agent in `workdir` has emitted an event of type `kind`."""
+    log = workdir / "artifacts" / "events.jsonl"
+    wait_for(lambda: log.exists() and any(e["type"] == kind for e in events(workdir)), 120, 0.1,
+             what=f"a {kind} event from the agent")
+
+
 def test_sigterm_takes_an_emergency_checkpoint_and_exits_as_preempted(tmp_path):
     b = small_bundle(tmp_path, **{"config.steps": 100000, "checkpoint.every_steps": 1000})
     proc = agent(b.path, tmp_path / "w", tmp_path / "s", wait=False)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        ev = events(tmp_path / "w") if (tmp_path / "w" / "artifacts" / "events.jsonl").exists() else []
-        if any(e["type"] == "metrics" for e in ev):
-            break
-        time.sleep(0.1)
+    wait_for_event(tmp_path / "w", "metrics")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 75
     ev = events(tmp_path / "w")
@@ -105,12 +108,7 @@ def test_failures_are_classified(tmp_path, override, code, cls):
 def _emergency_after_sigterm(tmp_path, trainable):
     b = small_bundle(tmp_path, **{"config.steps": 100000, "checkpoint.every_steps": 8, "config.trainable": trainable})
     proc = agent(b.path, tmp_path / "w", tmp_path / "s", wait=False)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        ev = events(tmp_path / "w") if (tmp_path / "w" / "artifacts" / "events.jsonl").exists() else []
-        if any(e["type"] == "checkpoint" for e in ev):
-            break
-        time.sleep(0.1)
+    wait_for_event(tmp_path / "w", "checkpoint")
     time.sleep(0.3)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 75
