@@ -231,10 +231,10 @@ class Ledger:
                     cols = ", ".join(name for name, _ in t.columns)
                     key = ", ".join(t.key)
                     direction = "ASC" if t.keep == "first" else "DESC"
-                    arrow = con.execute(
+                    arrow = con.sql(
                         f"""SELECT {cols} FROM (SELECT *, filename AS _c FROM read_parquet(?, union_by_name=true, filename=true))
                         QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY _c {direction}) = 1 ORDER BY _c""",
-                        [files],
+                        params=[files],
                     ).to_arrow_table()
                     self._write_parquet(tmp / f"{t.name}.parquet", arrow.cast(t.schema))
             finally:
