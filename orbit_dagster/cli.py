@@ -99,21 +99,22 @@ def _register_partitions(keys: list[str]) -> None:
     ledger = _settings().ledger()
     with dagster_instance(_settings()) as instance:
         instance.add_dynamic_partitions(CHECKPOINTS, keys)
-        rows = ledger.rows("SELECT * FROM checkpoints WHERE checkpoint_key IN (SELECT unnest(?))", [keys])
-        for row in rows:
-            instance.report_runless_asset_event(checkpoint_materialization(row))
+        for key in keys:
+            row = ledger.one("SELECT * FROM checkpoints WHERE checkpoint_key = ?", [key])
+            if row is not None:
+                instance.report_runless_asset_event(checkpoint_materialization(row))
 
 
 @cli.command()
 @click.argument("job", required=False)
 @click.option("--json", "as_json", is_flag=True)
 def status(job: str | None, as_json: bool) -> None:
-    """Jobs and their state; with JOB, its checkpoints too."""
+    """Jobs (imported runs included) and their state; with JOB, its checkpoints too."""
     from .ledger import queries as Q
     from .ledger import records as R
 
     ledger = _settings().ledger()
-    if job and not ledger.scalar("SELECT count(*) FROM owners WHERE job_id = ?", [job]):
+    if job:
         R.require_job(ledger, job)  # raises the error that names the fix
     _print_df(Q.status(ledger, job), as_json)
     if job and not as_json:
@@ -134,12 +135,14 @@ def logs(job: str, attempt: int | None, tail: int) -> None:
 
 @cli.command()
 @click.argument("experiment")
+@click.option("--lineage", default="current", show_default=True,
+              help="rank each job's current lineage (default), `all` lineages, or one lineage by id")
 @click.option("--json", "as_json", is_flag=True)
-def best(experiment: str, as_json: bool) -> None:
-    """The best checkpoint of EXPERIMENT by its primary metric, with its lineage."""
+def best(experiment: str, lineage: str, as_json: bool) -> None:
+    """The best checkpoint of EXPERIMENT by its primary metric, with its lineage (reads only)."""
     from .control.best import compute_best
 
-    result = compute_best(_settings(), experiment)
+    result = compute_best(_settings(), experiment, lineage=lineage)
     if result is None:
         raise OrbitError(f"experiment {experiment} has no checkpoint with a value for its primary metric yet",
                          field="experiment", value=experiment, fix="wait for evaluations, or check `orbit status`")
@@ -147,8 +150,29 @@ def best(experiment: str, as_json: bool) -> None:
         click.echo(json.dumps(result, default=str))
         return
     click.echo(f"best: {result['checkpoint_key']}  {result['metric_name']} = {result['metric_value']:.6g} "
-               f"({result['metric_mode']}, from {result['metric_source']}, primary metric set at {result['resolved_from']} level)")
-    click.echo("lineage: " + " <- ".join(f"{c['checkpoint_key']} (attempt {c['attempt']}, {c['tier']})" for c in result["lineage"]))
+               f"({result['metric_mode']}, from {result['metric_source']}, primary metric set at "
+               f"{result['resolved_from']} level; {result['candidates']} candidates, lineages: {lineage})")
+    click.echo("lineage: " + " <- ".join(f"{c['checkpoint_key']} (attempt {c['attempt']}, {c['tier']})"
+                                         for c in result["lineage"]))
+
+
+@cli.group()
+def metric() -> None:
+    """The primary metric of an experiment or a project."""
+
+
+@metric.command("set")
+@click.argument("name")
+@click.argument("mode", type=click.Choice(["min", "max"]))
+@click.option("--experiment", default=None)
+@click.option("--project", default=None)
+def metric_set(name: str, mode: str, experiment: str | None, project: str | None) -> None:
+    """Rank EXPERIMENT's (or PROJECT's) checkpoints by NAME, lower (min) or higher (max) is better."""
+    from .control.best import set_primary_metric
+
+    set_primary_metric(_settings().ledger(), name=name, mode=mode, experiment=experiment, project=project)
+    click.echo(f"primary metric of {'experiment ' + experiment if experiment else 'project ' + str(project)}: "
+               f"{name} ({mode})")
 
 
 @cli.command()
@@ -165,15 +189,8 @@ def cost(by: str, as_json: bool) -> None:
 @click.argument("query")
 @click.option("--json", "as_json", is_flag=True)
 def sql(query: str, as_json: bool) -> None:
-    """Run QUERY against the ledger (tables and views as in `duckdb $ORBIT_HOME/ledger/ledger.duckdb`)."""
-    import duckdb
-
-    try:
-        df = _settings().ledger().query(query)
-    except duckdb.Error as exc:
-        raise OrbitError(f"query failed: {str(exc).splitlines()[0]}", field="QUERY", value=query,
-                         fix="list tables with: orbit sql \"SELECT table_name FROM information_schema.tables\"") from None
-    _print_df(df, as_json)
+    """Run one read-only SELECT on the ledger (the tables and views of `duckdb ledger.duckdb`)."""
+    _print_df(_settings().ledger().query(query), as_json)
 
 
 @cli.command()

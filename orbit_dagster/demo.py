@@ -20,7 +20,6 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from .control.evaluate import MAX_EVAL_RUNS
 from .control.settings import Settings
 from .control.submit import submit
 from .core.errors import OrbitError
@@ -54,19 +53,18 @@ class Progress:
 
 def progress(ledger, job_id: str, experiment: str) -> Progress:
     row = R.require_job(ledger, job_id)
-    stats = ledger.rows(
+    stats = ledger.one(
         """SELECT (SELECT coalesce(max(step), 0) FROM metric_points WHERE job_id = ? AND source = 'train') AS step,
-                  (SELECT count(*) FROM live_checkpoints WHERE job_id = ?) AS checkpoints,
-                  (SELECT count(*) FROM live_checkpoints c WHERE c.job_id = ? AND (
-                      c.checkpoint_key IN (SELECT checkpoint_key FROM evaluations)
-                      OR c.checkpoint_key IN (SELECT json_extract_string(detail, '$.checkpoint') FROM events
-                                              WHERE kind = 'evaluation_failed' GROUP BY 1 HAVING count(*) >= ?))
-                  ) AS evaluations,
+                  (SELECT count(*) FROM checkpoints WHERE job_id = ? AND deleted_at IS NULL) AS checkpoints,
+                  (SELECT count(*) FROM evaluations e JOIN checkpoints c ON c.checkpoint_key = e.checkpoint_key
+                   WHERE e.job_id = ? AND c.deleted_at IS NULL
+                     AND e.state IN ('SUCCEEDED', 'FAILED', 'SKIPPED')) AS evaluations,
+                  (SELECT count(*) FROM evaluations WHERE experiment = ? AND state IN ('PENDING', 'RUNNING')) AS pending,
                   (SELECT max(evaluations) FROM current_best WHERE experiment = ?) AS best_evals,
-                  (SELECT count(*) FROM evaluations e JOIN owners o USING (job_id) WHERE o.experiment = ?) AS all_evals""",
-        [job_id, job_id, job_id, MAX_EVAL_RUNS, experiment, experiment],
-    )[0]
-    best_done = stats["best_evals"] is not None and stats["best_evals"] >= stats["all_evals"]
+                  (SELECT count(*) FROM evaluations WHERE experiment = ? AND state = 'SUCCEEDED') AS all_evals""",
+        [job_id, job_id, job_id, experiment, experiment, experiment],
+    )
+    best_done = stats["best_evals"] is not None and stats["best_evals"] >= stats["all_evals"] and not stats["pending"]
     return Progress(row["state"], int(row["attempt"]), int(stats["step"]), int(stats["checkpoints"]),
                     int(stats["evaluations"]), best_done)
 
@@ -169,55 +167,51 @@ class ReferenceRun:
 
 
 def bit_identical(settings: Settings, job_id: str, reference: str | None) -> bool | None:
-    final = settings.ledger().rows(
-        "SELECT weights_sha256 FROM checkpoints WHERE job_id = ? ORDER BY step DESC LIMIT 1", [job_id])
+    final = settings.ledger().one(
+        "SELECT weights_sha256 FROM checkpoints WHERE job_id = ? ORDER BY step DESC, attempt DESC LIMIT 1", [job_id])
     if not final or reference is None or R.require_job(settings.ledger(), job_id)["state"] != "SUCCEEDED":
         return None
-    return final[0]["weights_sha256"] == reference
+    return final["weights_sha256"] == reference
 
 
 def summary(settings: Settings, job_id: str, experiment: str) -> dict:
     ledger = settings.ledger()
     job = R.require_job(ledger, job_id)
-    best = ledger.rows("SELECT * FROM current_best WHERE experiment = ?", [experiment])
-    cost = ledger.rows(
+    best = ledger.one("SELECT * FROM current_best WHERE experiment = ?", [experiment])
+    cost = ledger.one(
         """SELECT coalesce(sum(usd), 0) AS usd,
-                  coalesce(sum(seconds * i.gpu_count) FILTER (WHERE kind = 'wasted'), 0) AS wasted
-           FROM costs c JOIN instances i USING (instance_id) WHERE c.job_id = ?""",
-        [job_id],
-    )[0]
-    billed = ledger.rows(
-        """SELECT coalesce(sum(u.seconds * u.usd_per_second), 0) AS usd, coalesce(sum(u.seconds), 0) AS seconds
-           FROM instance_usage u WHERE u.job_id = ?""",
-        [job_id],
-    )[0]
+                  coalesce(sum(CASE WHEN kind = 'wasted' THEN seconds * gpu_count END), 0) AS wasted
+           FROM costs WHERE job_id = ?""", [job_id])
+    billed = ledger.one(
+        """SELECT coalesce(sum(billed_usd), 0) AS usd, coalesce(sum(stopped_at - started_at), 0) AS seconds
+           FROM instances WHERE job_id = ? AND stopped_at IS NOT NULL""", [job_id])
     attempts = ledger.rows(
         """SELECT r.attempt, r.resume_from, r.state,
                   (SELECT max(step) FROM metric_points m WHERE m.run_id = r.run_id) AS last_step
-           FROM run_status r WHERE r.job_id = ? ORDER BY r.attempt""",
-        [job_id],
-    )
-    steps = {r["checkpoint_key"]: r["step"] for r in ledger.rows("SELECT checkpoint_key, step FROM checkpoints WHERE job_id = ?", [job_id])}
+           FROM runs r WHERE r.job_id = ? ORDER BY r.attempt""", [job_id])
+    steps = {r["checkpoint_key"]: r["step"] for r in ledger.rows(
+        "SELECT checkpoint_key, step FROM checkpoints WHERE job_id = ?", [job_id])}
     lost_steps = 0
     for prev, nxt in zip(attempts, attempts[1:]):
         if prev["state"] == "LOST":
             resumed = steps.get(nxt["resume_from"], 0)
             lost_steps += max(0, int(prev["last_step"] or 0) - resumed)
-    n_ckpts = int(ledger.scalar("SELECT count(*) FROM checkpoints WHERE job_id = ?", [job_id]) or 0)
-    n_evals = int(ledger.scalar("SELECT count(*) FROM evaluations WHERE job_id = ?", [job_id]) or 0)
-    b = best[0] if best else None
+    counts = ledger.one(
+        """SELECT (SELECT count(*) FROM checkpoints WHERE job_id = ?) AS checkpoints,
+                  (SELECT count(*) FROM checkpoints WHERE job_id = ? AND tier = 'emergency') AS emergency,
+                  (SELECT count(*) FROM evaluations WHERE job_id = ? AND state = 'SUCCEEDED') AS evaluations""",
+        [job_id, job_id, job_id])
     return {
         "job": job_id,
         "experiment": experiment,
         "state": job["state"],
         "attempts": int(job["attempt"]),
         "jobs": 1,
-        "checkpoints": n_ckpts,
-        "emergency_checkpoints": int(ledger.scalar(
-            "SELECT count(*) FROM checkpoints WHERE job_id = ? AND tier = 'emergency'", [job_id]) or 0),
-        "evaluations": n_evals,
-        "best_checkpoint": b["checkpoint_key"] if b else None,
-        "best_metric": {"name": b["metric_name"], "value": b["metric_value"]} if b else None,
+        "checkpoints": int(counts["checkpoints"]),
+        "emergency_checkpoints": int(counts["emergency"]),
+        "evaluations": int(counts["evaluations"]),
+        "best_checkpoint": best["checkpoint_key"] if best else None,
+        "best_metric": {"name": best["metric_name"], "value": best["metric_value"]} if best else None,
         "interruptions": R.interruptions(ledger, job_id),
         "recovered": sum(1 for prev, nxt in zip(attempts, attempts[1:]) if prev["state"] == "LOST" and nxt["resume_from"]),
         "lost_steps": lost_steps,
@@ -225,5 +219,5 @@ def summary(settings: Settings, job_id: str, experiment: str) -> dict:
         "cost_usd": round(float(cost["usd"]), 8),
         "billed_usd": round(float(billed["usd"]), 8),
         "instance_seconds": round(float(billed["seconds"]), 3),
-        "ledger": str(ledger.catalog_path),
+        "ledger": ledger.display,
     }

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from ..control.best import compute_best
+from ..control.best import record_best
 from ..control.retention import apply_retention
 from ..resources import OrbitResource
 from .partitions import experiments_partitions
@@ -17,12 +17,12 @@ from .partitions import experiments_partitions
 )
 def best_checkpoint(context: dg.AssetExecutionContext, orbit: OrbitResource) -> dg.MaterializeResult:
     settings = orbit.settings()
-    best = compute_best(settings, context.partition_key)
+    best = record_best(settings, context.partition_key)
     if best is None:
         return dg.MaterializeResult(metadata={"best": "none yet: no checkpoint has a value for the primary metric"})
     # Rank first, then prune: retention keeps the best M, the latest K and fresh emergencies.
     ledger = settings.ledger()
-    deleted = [key for row in ledger.rows("SELECT job_id FROM owners WHERE experiment = ?", [context.partition_key])
+    deleted = [key for row in ledger.rows("SELECT job_id FROM jobs WHERE experiment = ?", [context.partition_key])
                for key in apply_retention(settings, row["job_id"])]
     chain = "\n".join(
         f"| {c['checkpoint_key']} | {c['attempt']} | {c['tier']} | {c['sha256'][:12]} |" for c in best["lineage"]

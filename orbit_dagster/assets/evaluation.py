@@ -16,8 +16,12 @@ from .reporting import DagsterReporter
     description="Held-out evaluation of one checkpoint; the script prints {\"metrics\": {...}}.",
 )
 def evaluation(context: dg.AssetExecutionContext, orbit: OrbitResource) -> dg.MaterializeResult:
-    result = evaluate_checkpoint(orbit.settings(), context.partition_key, dagster_run_id=context.run_id,
-                                 reporter=DagsterReporter(context))
+    result = evaluate_checkpoint(orbit.settings(), context.partition_key, suite=context.run.tags.get("orbit/suite"),
+                                 dagster_run_id=context.run_id, reporter=DagsterReporter(context))
+    if result.get("already"):
+        raise dg.Failure(description=f"{context.partition_key} ({result['suite']}) is {result['state']} already "
+                                     f"(run {result['dagster_run_id']}); nothing was rented",
+                         allow_retries=False)
     metadata: dict = {name: dg.MetadataValue.float(float(v)) for name, v in result["metrics"].items()}
     metadata.update({"suite": result["suite"], "seconds": round(result["seconds"], 3), "instance": result["instance_id"]})
     return dg.MaterializeResult(metadata=metadata)

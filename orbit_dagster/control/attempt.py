@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 
 from ..core.errors import OrbitError, ProviderError
+from ..core.failures import FailureClass, retried_as_interruption
 from ..core.lifecycle import JobState
-from ..ledger import Ledger, utcnow
+from ..ledger import Ledger, as_datetime, utcnow
 from ..ledger import records as R
 from ..providers.base import Provider, RunHandle, RunStatus
 from . import checkpoints as C
-from .billing import release, run_state_row
-from .context import NullReporter, Reporter, bundle_and_provider, store_for
+from .billing import attempt_checkpoints, release
+from .context import NullReporter, Reporter, bundle_and_provider, eval_suite_for, store_for
 from .dispatch import dispatch
 from .settings import Settings
 
@@ -42,18 +43,16 @@ class AttemptOutcome:
     reattached: bool = False
 
 
-def _ts(x: float) -> datetime:
-    return datetime.fromtimestamp(float(x), timezone.utc)
-
-
 class AttemptMonitor:
     """Follows a launched attempt's events until its workload ends or its host is gone."""
 
     def __init__(self, settings: Settings, ledger: Ledger, provider: Provider, handle: RunHandle, reporter: Reporter,
-                 *, job_id: str, run_id: str, store_uri: str):
+                 *, job_id: str, run_id: str, store_uri: str, lineage: str | None, experiment: str | None,
+                 eval_suite: str | None):
         self.settings, self.ledger, self.provider, self.handle = settings, ledger, provider, handle
         self.store_uri = store_uri
         self.reporter, self.job_id, self.run_id = reporter, job_id, run_id
+        self.lineage, self.experiment, self.eval_suite = lineage, experiment, eval_suite
         self.offset = 0
         self.registered = {r["checkpoint_key"] for r in R.checkpoints(ledger, job_id, live_only=False)}
         self.new_checkpoints: list[str] = []
@@ -62,32 +61,35 @@ class AttemptMonitor:
         self.last_progress: datetime | None = None
         self.exit_event: dict | None = None
 
+    def _checkpoint(self, ev: dict, notes: list[dict]) -> dict | None:
+        """The ledger row of a checkpoint event, once its files are here and verified."""
+        key = R.checkpoint_key(self.job_id, int(ev.get("attempt") or 0), int(ev["step"]))
+        if key in self.registered:
+            return None
+        try:
+            ev = self.provider.localize_checkpoint(self.handle, ev, self.store_uri)
+        except (OSError, ProviderError) as exc:
+            notes.append(R.event("checkpoint_rejected", job_id=self.job_id, run_id=self.run_id, checkpoint_key=key,
+                                 reason=f"could not copy it from the host: {exc}"))
+            return None
+        problem = C.verify_event(ev)
+        if problem:
+            notes.append(R.event("checkpoint_rejected", job_id=self.job_id, run_id=self.run_id, checkpoint_key=key,
+                                 reason=problem))
+            return None
+        self._progress(int(ev["step"]), ev)
+        return C.row_from_event(ev, job_id=self.job_id, run_id=self.run_id, lineage=self.lineage,
+                                experiment=self.experiment)
+
     def _on_events(self, events: list[dict]) -> None:
         ckpt_rows: list[dict] = []
-        other: list[dict] = []
+        notes: list[dict] = []
         for ev in events:
             kind = ev.get("type")
             if kind == "checkpoint":
-                key = R.checkpoint_key(self.job_id, int(ev["step"]))
-                if key in self.registered:
-                    continue
-                try:
-                    ev = self.provider.localize_checkpoint(self.handle, ev, self.store_uri)
-                except (OSError, ProviderError) as exc:
-                    other.append(R.event("checkpoint_rejected", job_id=self.job_id, run_id=self.run_id, checkpoint=key,
-                                         reason=f"could not copy it from the host: {exc}"))
-                    continue
-                problem = C.verify_event(self.store_uri, ev)
-                if problem:
-                    other.append(R.event("checkpoint_rejected", job_id=self.job_id, run_id=self.run_id, checkpoint=key,
-                                         reason=problem))
-                    continue
-                row = C.row_from_event(ev, job_id=self.job_id, run_id=self.run_id)
-                ckpt_rows.append(row)
-                self.registered.add(key)
-                self._progress(int(ev["step"]), ev)
-                if ev.get("train_loss") is not None:
-                    self._metric(int(ev["step"]), "train/loss", float(ev["train_loss"]), ev, checkpoint_key=key)
+                row = self._checkpoint(ev, notes)
+                if row is not None:
+                    ckpt_rows.append(row)
             elif kind == "metrics":
                 for name, value in (ev.get("values") or {}).items():
                     try:
@@ -101,23 +103,23 @@ class AttemptMonitor:
                 self.exit_event = ev
             elif kind in ("started", "notice", "probe", "resumed"):
                 detail = {k: v for k, v in ev.items() if k not in ("type", "seq")}
-                other.append(R.event(f"host_{kind}", job_id=self.job_id, run_id=self.run_id,
+                notes.append(R.event(f"host_{kind}", job_id=self.job_id, run_id=self.run_id,
                                      instance_id=self.handle.instance.instance_id, **detail))
-        if ckpt_rows or other:
-            self.ledger.commit({"checkpoints": ckpt_rows, "events": other})
-        if ckpt_rows:
-            self.new_checkpoints += [r["checkpoint_key"] for r in ckpt_rows]
-            self.reporter.checkpoints(ckpt_rows)
+        new = C.register(self.ledger, ckpt_rows, eval_suite=self.eval_suite, events=notes) if (ckpt_rows or notes) else []
+        self.registered |= {r["checkpoint_key"] for r in ckpt_rows}
+        if new:
+            self.new_checkpoints += [r["checkpoint_key"] for r in new]
+            self.reporter.checkpoints(new)
 
     def _progress(self, step: int, ev: dict) -> None:
         if self.last_step is None or step >= self.last_step:
             self.last_step = step
-            self.last_progress = _ts(ev["ts"]) if ev.get("ts") else utcnow()
+            self.last_progress = as_datetime(ev["ts"]) if ev.get("ts") else utcnow()
 
-    def _metric(self, step: int, name: str, value: float, ev: dict, checkpoint_key: str | None = None) -> None:
+    def _metric(self, step: int, name: str, value: float, ev: dict) -> None:
         self.metric_rows.append({
-            "job_id": self.job_id, "run_id": self.run_id, "checkpoint_key": checkpoint_key, "step": step,
-            "name": name, "value": value, "source": "train", "ts": _ts(ev["ts"]) if ev.get("ts") else utcnow(),
+            "job_id": self.job_id, "experiment": self.experiment, "run_id": self.run_id, "step": step, "name": name,
+            "value": value, "source": "train", "ts": as_datetime(ev["ts"]) if ev.get("ts") else utcnow(),
         })
 
     def flush_metrics(self) -> None:
@@ -196,8 +198,10 @@ def run_attempt(settings: Settings, job_id: str, *, dagster_run_id: str | None =
         if launched is None:  # another run won the race for this attempt: follow its launch
             return _wait_and_reattach(settings, job_id, dagster_run_id=dagster_run_id, reporter=reporter, poll_s=poll_s)
         handle, provider = launched
+    run_row = R.run(ledger, run_id) or {}
     monitor = AttemptMonitor(settings, ledger, provider, handle, reporter, job_id=job_id, run_id=run_id,
-                             store_uri=store_for(settings, ledger, job_id, attempt))
+                             store_uri=store_for(settings, ledger, job_id, attempt), lineage=run_row.get("lineage"),
+                             experiment=job["experiment"], eval_suite=eval_suite_for(settings, ledger, job_id, attempt))
     status = monitor.follow(poll_s=poll_s)
     return finish(settings, ledger, provider, handle, monitor, status, job_id=job_id, attempt=attempt,
                   run_id=run_id, reattached=reattached, reporter=reporter)
@@ -216,42 +220,44 @@ def _wait_and_reattach(settings: Settings, job_id: str, *, dagster_run_id: str |
                      field="job", value=job_id, fix="look at the other run's logs in the Dagster UI")
 
 
+def outcome_of(status: RunStatus, *, migrated: bool) -> tuple[JobState, str | None]:
+    """The job's next state and failure class when an attempt's workload has ended."""
+    if status.failure_class == "cancelled":
+        return JobState.CANCELLED, None
+    if status.state == "exited" and status.exit_code == 0:
+        return JobState.SUCCEEDED, None
+    if status.state == "lost" or retried_as_interruption(status.failure_class):
+        # A move orbit chose (make-before-break) ends the attempt the same way as a reclaim,
+        # but does not count against max_interruptions.
+        if migrated:
+            return JobState.LOST, FailureClass.MIGRATION.value
+        return JobState.LOST, status.failure_class if status.failure_class == "infrastructure" else "reclaim"
+    return JobState.FAILED, status.failure_class or FailureClass.USER_ERROR.value
+
+
 def finish(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHandle, monitor: AttemptMonitor,
            status: RunStatus, *, job_id: str, attempt: int, run_id: str, reattached: bool,
            reporter: Reporter) -> AttemptOutcome:
     # A lost host may have written checkpoints whose events we never read: the store knows.
-    for row in C.scan_store(ledger, monitor.store_uri, job_id):
+    for row in C.scan_store(ledger, monitor.store_uri, job_id, eval_suite=monitor.eval_suite):
         monitor.new_checkpoints.append(row["checkpoint_key"])
         reporter.checkpoints([row])
-    lost = status.state == "lost" or status.failure_class == "reclaim"
-    migrated = bool(ledger.scalar("SELECT count(*) FROM events WHERE kind = 'migration_started' AND run_id = ?", [run_id]))
-    if status.failure_class == "cancelled":
-        final, failure_class = JobState.CANCELLED, None
-    elif status.state == "exited" and status.exit_code == 0:
-        final, failure_class = JobState.SUCCEEDED, None
-    elif lost:
-        # A move orbit chose (make-before-break) ends the attempt the same way as a reclaim,
-        # but does not count against max_interruptions.
-        final, failure_class = JobState.LOST, "migration" if migrated else "reclaim"
-    else:
-        final, failure_class = JobState.FAILED, status.failure_class or "crash"
+    migrated = bool(ledger.scalar("SELECT count(*) FROM events WHERE run_id = ? AND kind = 'migration_started'",
+                                  [run_id]))
+    final, failure_class = outcome_of(status, migrated=migrated)
     dest = settings.artifacts_dir / job_id / f"attempt-{attempt}"
     try:
         provider.collect(handle, dest)
     except (OSError, ProviderError) as exc:
         reporter.log(f"could not collect artifacts: {exc}")
-    ckpts = [(r["created_at"], r["checkpoint_key"]) for r in R.checkpoints(ledger, job_id, live_only=False)
-             if r["run_id"] == run_id]
-    usd = release(
-        settings, ledger, provider, handle.instance, job_id=job_id, run_id=run_id, attempt=attempt,
-        checkpoints=ckpts, lost=lost, last_progress=monitor.last_progress, reason=f"attempt ended: {final.value}",
-        extra={"run_states": [run_state_row(run_id, final.value, exit_code=status.exit_code, failure_class=failure_class,
-                                         reason=status.reason)]},
-    )
-    R.transition(ledger, job_id, final, attempt=attempt,
-                 reason="migrated to a safer offer" if failure_class == "migration" else status.reason,
-                 failure_class=failure_class,
-                 detail={"exit_code": status.exit_code, "last_step": monitor.last_step})
+    usd = release(settings, ledger, provider, handle.instance, job_id=job_id, run_id=run_id, attempt=attempt,
+                  checkpoints=attempt_checkpoints(ledger, run_id), lost=final is JobState.LOST,
+                  last_progress=monitor.last_progress, reason=f"attempt ended: {final.value}")
+    reason = "migrated to a safer offer" if failure_class == "migration" else status.reason
+    R.transition(ledger, job_id, final, attempt=attempt, reason=reason, failure_class=failure_class,
+                 detail={"exit_code": status.exit_code, "last_step": monitor.last_step},
+                 then=lambda tx: R.run_state(tx, run_id, final.value, exit_code=status.exit_code,
+                                             failure_class=failure_class, reason=status.reason))
     outcome = AttemptOutcome(job_id, attempt, run_id, final.value, failure_class, status.reason, status.exit_code,
                              handle.instance.instance_id, monitor.new_checkpoints, monitor.last_step, usd, reattached)
     from .recovery import after_failure, recover_lost  # local: recovery imports this module

@@ -1,53 +1,81 @@
-"""Best checkpoint per experiment by its primary metric, with the checkpoint's lineage."""
+"""Best checkpoint per experiment by its primary metric, with the checkpoint's lineage.
+
+Reading the best (`compute_best`, `orbit best`) never writes; the `best_checkpoint` asset
+records it (`record_best`). Candidates are the experiment's live checkpoints of each job's
+current lineage (a retry from scratch or with another config supersedes the old weights),
+unless the caller asks for `lineage="all"` or one lineage by id. A checkpoint's evaluation
+value is its most recent evaluation's.
+"""
 from __future__ import annotations
 
+from ..core.errors import NotFound, OrbitError
 from ..core.metrics import Candidate, pick_best, resolve_primary_metric, training_counterpart
-from ..core.errors import NotFound
 from ..ledger import Ledger, utcnow
+from ..ledger import records as R
 from .settings import Settings
 
 
+def set_primary_metric(ledger: Ledger, *, name: str, mode: str, experiment: str | None = None,
+                       project: str | None = None) -> None:
+    """A person's choice of primary metric for an experiment or a project (exactly one)."""
+    if (experiment is None) == (project is None):
+        raise OrbitError("give an experiment or a project, not both", field="--experiment/--project",
+                         fix="orbit metric set eval/loss min --project P")
+    if mode not in ("min", "max"):
+        raise OrbitError(f"mode {mode!r} is not min or max", field="mode", value=mode, fix="min or max")
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise OrbitError(f"metric name {name!r} is not valid", field="name", value=name, fix="e.g. eval/loss")
+    table, key, value = ("experiments", "experiment", experiment) if experiment else ("projects", "project", project)
+    with ledger.write() as tx:
+        if not tx.one(f"SELECT 1 AS x FROM {table} WHERE {key} = ?", [value]):
+            raise NotFound(f"no {key} {value!r}", field=key, value=value,
+                           fix=f"list them with `orbit sql \"SELECT {key} FROM {table}\"`")
+        tx.execute(f"UPDATE {table} SET primary_metric = ?, primary_mode = ?, updated_at = ? WHERE {key} = ?",
+                   [name, mode, utcnow(), value])
+        tx.insert("events", [R.event("primary_metric_set", **{key: value}, name=name, mode=mode)])
+
+
 def primary_metric_for(ledger: Ledger, experiment: str):
-    exp = ledger.rows("SELECT * FROM experiments WHERE experiment = ?", [experiment])
-    if not exp:
+    exp = ledger.one("SELECT * FROM experiments WHERE experiment = ?", [experiment])
+    if exp is None:
         raise NotFound(f"no experiment {experiment!r}", field="experiment", value=experiment,
-                       fix="list experiments with `orbit sql \"select * from experiments\"`")
-    proj = ledger.rows("SELECT * FROM projects WHERE project = ?", [exp[0]["project"]])
+                       fix="list experiments with `orbit sql \"SELECT * FROM experiments\"`")
+    proj = ledger.one("SELECT * FROM projects WHERE project = ?", [exp["project"]])
     names = [r["name"] for r in ledger.rows(
-        "SELECT DISTINCT m.name FROM metric_points m JOIN owners j USING (job_id) WHERE j.experiment = ?", [experiment])]
+        "SELECT DISTINCT name FROM metric_points WHERE experiment = ? AND source = 'eval'", [experiment])]
     return resolve_primary_metric(
-        (exp[0]["primary_metric"], exp[0]["primary_mode"]),
-        (proj[0]["primary_metric"], proj[0]["primary_mode"]) if proj else None,
+        (exp["primary_metric"], exp["primary_mode"]),
+        (proj["primary_metric"], proj["primary_mode"]) if proj else None,
         names,
+        template=(exp["template_metric"], exp["template_mode"]),
     )
 
 
-def candidates(ledger: Ledger, experiment: str, metric: str) -> list[Candidate]:
+def candidates(ledger: Ledger, experiment: str, metric: str, *, lineage: str = "current") -> list[Candidate]:
     rows = ledger.rows(
-        """
-        WITH ev AS (
-            SELECT checkpoint_key, TRY_CAST(json_extract_string(metrics, '$."' || ? || '"') AS DOUBLE) AS v
-            FROM evaluations QUALIFY row_number() OVER (PARTITION BY checkpoint_key ORDER BY created_at DESC) = 1
-        ), tr AS (
-            SELECT checkpoint_key, value AS v FROM metric_points
-            WHERE name = ? AND source = 'train' AND checkpoint_key IS NOT NULL
-        )
-        SELECT c.checkpoint_key, c.step, ev.v AS eval_value, coalesce(tr.v, c.train_loss) AS train_value
-        FROM live_checkpoints c JOIN owners j USING (job_id)
-        LEFT JOIN ev USING (checkpoint_key) LEFT JOIN tr USING (checkpoint_key)
-        WHERE j.experiment = ?
-        """,
-        [metric, training_counterpart(metric), experiment],
+        """WITH ev AS (
+               SELECT m.checkpoint_key, m.value,
+                      row_number() OVER (PARTITION BY m.checkpoint_key ORDER BY m.ts DESC, m.id DESC) AS rn
+               FROM metric_points m WHERE m.experiment = ? AND m.source = 'eval' AND m.name = ?)
+           SELECT c.checkpoint_key, c.step, c.train_loss, ev.value AS eval_value
+           FROM checkpoints c JOIN jobs j ON j.job_id = c.job_id
+           LEFT JOIN ev ON ev.checkpoint_key = c.checkpoint_key AND ev.rn = 1
+           WHERE c.experiment = ? AND c.deleted_at IS NULL
+             AND (? = 'all' OR (? = 'current' AND c.lineage = j.lineage) OR c.lineage = ?)""",
+        [experiment, metric, experiment, lineage, lineage, lineage],
     )
-    return [Candidate(r["checkpoint_key"], int(r["step"]), r["eval_value"], r["train_value"]) for r in rows]
+    train_ok = training_counterpart(metric) == "train/loss"
+    return [Candidate(r["checkpoint_key"], int(r["step"]), r["eval_value"], r["train_loss"] if train_ok else None)
+            for r in rows]
 
 
-def lineage(ledger: Ledger, checkpoint_key: str) -> list[dict]:
+def lineage_chain(ledger: Ledger, checkpoint_key: str) -> list[dict]:
     """The resume chain of a checkpoint, newest first, across attempts."""
     chain, seen, key = [], set(), checkpoint_key
+    job_id = checkpoint_key.split("/")[0]
     by_key = {r["checkpoint_key"]: r for r in ledger.rows(
-        "SELECT checkpoint_key, parent_key, attempt, step, tier, sha256 FROM checkpoints WHERE job_id = ?",
-        [checkpoint_key.split("/")[0]])}
+        "SELECT checkpoint_key, parent_key, attempt, lineage, step, tier, sha256 FROM checkpoints WHERE job_id = ?",
+        [job_id])}
     while key and key in by_key and key not in seen:
         seen.add(key)
         chain.append(by_key[key])
@@ -55,20 +83,32 @@ def lineage(ledger: Ledger, checkpoint_key: str) -> list[dict]:
     return chain
 
 
-def compute_best(settings: Settings, experiment: str) -> dict | None:
+def compute_best(settings: Settings, experiment: str, *, lineage: str = "current") -> dict | None:
+    """The best checkpoint of an experiment now (reads only)."""
     ledger = settings.ledger()
     pm = primary_metric_for(ledger, experiment)
-    cands = candidates(ledger, experiment, pm.name)
-    choice = pick_best(cands, pm.mode)
+    choice = pick_best(candidates(ledger, experiment, pm.name, lineage=lineage), pm.mode)
     if choice is None:
         return None
     n_evals = int(ledger.scalar(
-        "SELECT count(*) FROM evaluations e JOIN owners j USING (job_id) WHERE j.experiment = ?", [experiment]) or 0)
-    row = {
+        "SELECT count(*) FROM evaluations WHERE experiment = ? AND state = 'SUCCEEDED'", [experiment]) or 0)
+    return {
         "experiment": experiment, "checkpoint_key": choice.checkpoint_key,
         "metric_name": pm.name if choice.source == "eval" else training_counterpart(pm.name),
         "metric_mode": pm.mode, "metric_value": choice.value, "metric_source": choice.source,
-        "candidates": choice.candidates, "evaluations": n_evals, "computed_at": utcnow(),
+        "resolved_from": pm.resolved_from, "candidates": choice.candidates, "evaluations": n_evals,
+        "lineage_scope": lineage, "lineage": lineage_chain(ledger, choice.checkpoint_key),
     }
-    ledger.commit({"best_checkpoints": [row]})
-    return {**row, "resolved_from": pm.resolved_from, "lineage": lineage(ledger, choice.checkpoint_key)}
+
+
+def record_best(settings: Settings, experiment: str) -> dict | None:
+    """Compute the best checkpoint and record it (what the `best_checkpoint` asset does)."""
+    best = compute_best(settings, experiment)
+    if best is not None:
+        settings.ledger().commit({"best_checkpoints": [{
+            "experiment": experiment, "computed_at": utcnow(), "checkpoint_key": best["checkpoint_key"],
+            "metric_name": best["metric_name"], "metric_mode": best["metric_mode"],
+            "metric_value": best["metric_value"], "metric_source": best["metric_source"],
+            "resolved_from": best["resolved_from"], "candidates": best["candidates"],
+            "evaluations": best["evaluations"]}]})
+    return best

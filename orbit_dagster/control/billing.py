@@ -1,94 +1,100 @@
-"""Billing an instance: stop the meter once, attribute every second, record the stop."""
+"""Billing an instance: stop the meter once, attribute every second, record the stop.
+
+The provider's times are the truth (when the meter started and stopped); the bill is
+`(stopped - started) x price`, split into lines (`core.costs.attribute_instance`) that sum
+to it. Exactly once per instance: the row is stopped and its lines written in one
+transaction that first checks it was not stopped already, so two processes that both
+release an instance (the run following it and the reconciler) bill it once.
+"""
 from __future__ import annotations
 
 from datetime import datetime
 
 from ..core.costs import attribute_instance
 from ..core.lifecycle import JobState
-from ..ledger import Ledger, utcnow
+from ..ledger import Ledger, as_datetime, utcnow
 from ..ledger import records as R
 from ..providers.base import InstanceHandle, Provider, RunHandle
 from . import checkpoints as C
-from .context import store_for
+from .context import eval_suite_for, store_for
 from .settings import Settings
 
 
 def instance_row(instance: InstanceHandle, purpose: str, job_id: str, run_id: str | None,
-                  checkpoint_key: str | None = None) -> dict:
+                 checkpoint_key: str | None = None, *, suite: str | None = None,
+                 dagster_run_id: str | None = None) -> dict:
     o = instance.offer
     return {
         "instance_id": instance.instance_id, "provider": instance.provider, "offer_id": o.offer_id,
         "instance_type": o.instance_type, "gpu": o.gpu, "gpu_count": o.gpu_count, "region": o.region, "zone": o.zone,
-        "usd_per_second": o.usd_per_second, "spot": o.spot, "purpose": purpose, "job_id": job_id, "run_id": run_id,
-        "checkpoint_key": checkpoint_key, "gpu_slots": ",".join(map(str, instance.gpu_slots)) or None,
-        "handle": instance.model_dump_json(), "started_at": instance.started_at,
+        "usd_per_second": o.usd_per_second, "spot": int(o.spot), "purpose": purpose, "job_id": job_id,
+        "run_id": run_id, "checkpoint_key": checkpoint_key, "suite": suite,
+        "gpu_slots": ",".join(map(str, instance.gpu_slots)) or None, "handle": instance.model_dump_json(),
+        "dagster_run_id": dagster_run_id, "started_at": instance.started_at,
     }
 
 
-def run_state_row(run_id: str, state: str, *, exit_code: int | None = None, failure_class: str | None = None,
-               reason: str = "") -> dict:
-    return {"run_id": run_id, "state": state, "exit_code": exit_code, "failure_class": failure_class,
-            "reason": reason, "ts": utcnow()}
+def attempt_checkpoints(ledger: Ledger, run_id: str) -> list[tuple[datetime, str]]:
+    """(time durable, key) of the checkpoints an attempt's run wrote: what its seconds bought."""
+    return [(as_datetime(r["created_at"]), r["checkpoint_key"]) for r in ledger.rows(
+        "SELECT created_at, checkpoint_key FROM checkpoints WHERE run_id = ? ORDER BY step", [run_id])]
 
 
 def release(settings: Settings, ledger: Ledger, provider: Provider, instance: InstanceHandle, *, job_id: str,
-             run_id: str | None, attempt: int, checkpoints: list[tuple[datetime, str]], lost: bool,
-             last_progress: datetime | None, reason: str, purpose: str = "train",
-             eval_checkpoint: str | None = None, extra: dict[str, list[dict]] | None = None) -> float:
-    """Stop the meter and write the bill, attributed per checkpoint. Returns the cost in USD.
-
-    Exactly once per instance: whoever gets here first (the run following the attempt, or
-    the interruption sensor when no run follows it) bills; the other finds the stop row.
-    """
+            run_id: str | None, attempt: int, checkpoints: list[tuple[datetime, str]], lost: bool,
+            last_progress: datetime | float | None, reason: str, purpose: str = "train",
+            eval_checkpoint: str | None = None, suite: str | None = None,
+            extra: dict[str, list[dict]] | None = None) -> float:
+    """Stop the meter and write the bill, attributed per checkpoint. Returns the cost in USD."""
     times = provider.terminate(instance, reason) if provider.instance_alive(instance) else provider.instance_times(instance)
     stop = times.stopped_at or utcnow()
-    batch: dict[str, list[dict]] = {}
-    for table, more in (extra or {}).items():
-        batch.setdefault(table, []).extend(more)
-    with ledger.lock(f"bill-{instance.instance_id}"):
-        done = ledger.scalar("SELECT sum(usd) FROM costs WHERE instance_id = ?", [instance.instance_id])
-        if done is not None:
-            ledger.commit(batch)
-            return float(done)
+    with ledger.write() as tx:
+        for table, rows in (extra or {}).items():
+            tx.insert(table, rows)
+        row = tx.one("SELECT stopped_at, billed_usd FROM instances WHERE instance_id = ?" + tx.for_update,
+                     [instance.instance_id])
+        if row is None:  # provisioned, then the process died before recording it: record it now
+            tx.insert("instances", [instance_row(instance, purpose, job_id, run_id, eval_checkpoint, suite=suite)])
+        elif row["stopped_at"] is not None:
+            return float(row["billed_usd"] or 0.0)
         lines = attribute_instance(start=times.started_at, stop=stop, usd_per_second=instance.offer.usd_per_second,
                                    checkpoints=checkpoints, lost=lost, purpose=purpose, eval_checkpoint=eval_checkpoint,
-                                   last_progress=last_progress)
-        batch["costs"] = [{
+                                   last_progress=as_datetime(last_progress))
+        billed = max((stop - times.started_at).total_seconds(), 0.0) * instance.offer.usd_per_second
+        tx.execute("UPDATE instances SET stopped_at = ?, stop_reason = ?, billed_usd = ? WHERE instance_id = ?",
+                   [stop, times.reason or reason, billed, instance.instance_id])
+        tx.insert("costs", [{
             "cost_id": f"{instance.instance_id}:{i}", "instance_id": instance.instance_id, "job_id": job_id,
-            "run_id": run_id, "attempt": attempt, "checkpoint_key": line.checkpoint_key, "kind": line.kind,
-            "start_ts": line.start, "end_ts": line.end, "seconds": line.seconds,
-            "usd_per_second": instance.offer.usd_per_second, "usd": line.usd,
-        } for i, line in enumerate(lines)]
-        batch["instance_stops"] = [{"instance_id": instance.instance_id, "stopped_at": stop,
-                                    "reason": times.reason or reason}]
-        ledger.commit(batch)
-    return sum(r["usd"] for r in batch["costs"])
+            "run_id": run_id, "attempt": attempt, "checkpoint_key": line.checkpoint_key, "suite": suite,
+            "kind": line.kind, "start_at": line.start, "end_at": line.end, "seconds": line.seconds,
+            "gpu_count": max(instance.offer.gpu_count, 1), "usd_per_second": instance.offer.usd_per_second,
+            "usd": line.usd,
+        } for i, line in enumerate(lines)])
+    return billed
 
 
 def close_lost_attempt(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHandle, *, job_id: str,
-                       attempt: int, run_id: str, reason: str) -> bool:
+                       attempt: int, run_id: str, reason: str, failure_class: str = "reclaim") -> bool:
     """Record a lost host when no run is following the attempt: LOST, and the bill, from
     what the ledger knows (the last metric point marks the last progress)."""
     changed = R.transition(
-        ledger, job_id, JobState.LOST, attempt=attempt, reason=reason, failure_class="reclaim",
-        extra={"run_states": [run_state_row(run_id, "LOST", failure_class="reclaim", reason=reason)],
-               "events": [R.event("host_lost", job_id=job_id, run_id=run_id, instance_id=handle.instance.instance_id,
+        ledger, job_id, JobState.LOST, attempt=attempt, reason=reason, failure_class=failure_class,
+        extra={"events": [R.event("host_lost", job_id=job_id, run_id=run_id, instance_id=handle.instance.instance_id,
                                   reason=reason)]},
+        then=lambda tx: R.run_state(tx, run_id, "LOST", failure_class=failure_class, reason=reason),
     )
-    C.scan_store(ledger, store_for(settings, ledger, job_id, attempt), job_id)
-    ckpts = [(r["created_at"], r["checkpoint_key"]) for r in R.checkpoints(ledger, job_id, live_only=False)
-             if r["run_id"] == run_id]
+    C.scan_store(ledger, store_for(settings, ledger, job_id, attempt), job_id,
+                 eval_suite=eval_suite_for(settings, ledger, job_id, attempt))
     last = ledger.scalar("SELECT max(ts) FROM metric_points WHERE run_id = ?", [run_id])
     release(settings, ledger, provider, handle.instance, job_id=job_id, run_id=run_id, attempt=attempt,
-             checkpoints=ckpts, lost=True, last_progress=last, reason=reason)
+            checkpoints=attempt_checkpoints(ledger, run_id), lost=True, last_progress=last, reason=reason)
     return changed
 
 
 def stop_cancelled(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHandle, *, job_id: str,
                    attempt: int, run_id: str) -> None:
     """A cancelled job's workload that nobody follows: stop it and bill it."""
-    ckpts = [(r["created_at"], r["checkpoint_key"]) for r in R.checkpoints(ledger, job_id, live_only=False)
-             if r["run_id"] == run_id]
+    with ledger.write() as tx:
+        R.run_state(tx, run_id, "CANCELLED", reason="job cancelled")
     release(settings, ledger, provider, handle.instance, job_id=job_id, run_id=run_id, attempt=attempt,
-             checkpoints=ckpts, lost=False, last_progress=None, reason="job cancelled",
-             extra={"run_states": [run_state_row(run_id, "CANCELLED", reason="job cancelled")]})
+            checkpoints=attempt_checkpoints(ledger, run_id), lost=False, last_progress=None, reason="job cancelled")

@@ -1,90 +1,168 @@
-"""Registering checkpoints: only complete, verified ones; the store is the truth."""
+"""Registering checkpoints: only complete, verified ones, each in exactly one lineage.
+
+A checkpoint's key names its job, the attempt that wrote it and its step
+(`<job>/a<attempt>/<step>`); its lineage is the lineage that attempt trained (see
+`lineage.py`). Resume and evaluation use a checkpoint only when its bytes still match the
+sha256 the ledger recorded when it was registered, not merely its own manifest (which
+whoever changed the bytes could have rewritten too).
+"""
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
-from ..ledger import Ledger, utcnow
+from ..core.errors import CheckpointIntegrityError
+from ..ledger import Ledger, as_datetime, utcnow
 from ..ledger import records as R
 from ..storage import open_store, store_of
-from ..storage.base import StoreError
+from ..storage.base import StoreError, parse_checkpoint_dir
 
 
-def row_from_event(ev: dict, *, job_id: str, run_id: str | None) -> dict:
-    step = int(ev["step"])
-    parent_uri = ev.get("parent")
+def row_from_event(ev: dict, *, job_id: str, run_id: str | None, lineage: str | None,
+                   experiment: str | None) -> dict:
+    step, attempt = int(ev["step"]), int(ev.get("attempt") or 0)
     return {
-        "checkpoint_key": R.checkpoint_key(job_id, step),
+        "checkpoint_key": R.checkpoint_key(job_id, attempt, step),
         "job_id": job_id,
+        "experiment": experiment,
         "run_id": run_id,
-        "attempt": int(ev.get("attempt") or 0),
+        "attempt": attempt,
+        "lineage": lineage,
         "step": step,
         "tier": ev.get("tier", "durable"),
-        "parent_key": _key_from_uri(parent_uri, job_id),
+        "parent_key": key_from_uri(ev.get("parent"), job_id),
         "uri": ev["uri"],
         "sha256": ev["sha256"],
         "bytes": int(ev["bytes"]),
         "weights_sha256": ev.get("weights_sha256"),
         "train_loss": ev.get("train_loss"),
         "save_seconds": ev.get("save_seconds"),
-        "created_at": datetime.fromtimestamp(float(ev["ts"]), timezone.utc) if ev.get("ts") else utcnow(),
+        "created_at": as_datetime(ev["ts"]) if ev.get("ts") else utcnow(),
         "registered_at": utcnow(),
     }
 
 
-def _key_from_uri(uri: str | None, job_id: str) -> str | None:
-    """`.../<job>/step-000000120` -> `<job>/120` (parents may belong to the same job only)."""
+def key_from_uri(uri: str | None, job_id: str) -> str | None:
+    """`.../<job>/step-000000120-a2` -> `<job>/a2/120` (a parent always belongs to the same job)."""
     if not uri:
         return None
-    tail = uri.rstrip("/").rsplit("/", 2)
-    if len(tail) < 2 or not tail[-1].startswith("step-"):
-        return None
-    return R.checkpoint_key(tail[-2] if len(tail) == 3 else job_id, int(tail[-1][5:]))
+    parsed = parse_checkpoint_dir(uri.rstrip("/").rsplit("/", 1)[-1])
+    return R.checkpoint_key(job_id, parsed[1], parsed[0]) if parsed else None
 
 
-def verify_event(store_uri: str, ev: dict) -> str | None:
-    """None when the checkpoint in the store is complete and matches; else the reason."""
+def verify_event(ev: dict) -> str | None:
+    """None when the checkpoint in the store is complete and matches its event; else why not."""
     try:
         manifest = store_of(ev["uri"]).verify(ev["uri"])
     except StoreError as exc:
         return str(exc)
     if manifest.digest != ev.get("sha256"):
         return f"manifest digest {manifest.digest[:12]} differs from the reported {str(ev.get('sha256'))[:12]}"
+    if manifest.step != int(ev.get("step", -1)) or manifest.attempt != int(ev.get("attempt") or 0):
+        return f"the manifest says step {manifest.step} of attempt {manifest.attempt}, the event another"
     return None
 
 
-def scan_store(ledger: Ledger, store_uri: str, job_id: str) -> list[dict]:
-    """Register complete checkpoints the store holds but the ledger does not (host lost
-    before its events were read). Returns the rows registered."""
+def register(ledger: Ledger, rows: list[dict], *, eval_suite: str | None, events: list[dict] | None = None) -> list[dict]:
+    """Insert verified checkpoints (and, when the job is evaluable, their evaluation requests)
+    in one transaction. Returns the rows that were new. A key already registered with other
+    bytes is refused and recorded, never replaced: two different bytes never share a key."""
+    new: list[dict] = []
+    notes = list(events or [])
+    with ledger.write() as tx:
+        for row in rows:
+            have = tx.one("SELECT sha256 FROM checkpoints WHERE checkpoint_key = ?", [row["checkpoint_key"]])
+            if have is not None:
+                if have["sha256"] != row["sha256"]:
+                    notes.append(R.event("checkpoint_conflict", job_id=row["job_id"], checkpoint_key=row["checkpoint_key"],
+                                         registered=have["sha256"], offered=row["sha256"]))
+                continue
+            tx.insert("checkpoints", [row])
+            if eval_suite:
+                tx.insert("evaluations", [{"checkpoint_key": row["checkpoint_key"], "suite": eval_suite,
+                                           "job_id": row["job_id"], "experiment": row["experiment"],
+                                           "state": "PENDING", "tries": 0, "requested_at": utcnow()}])
+            new.append(row)
+        tx.insert("events", notes)
+    return new
+
+
+def scan_store(ledger: Ledger, store_uri: str, job_id: str, *, eval_suite: str | None) -> list[dict]:
+    """Register complete checkpoints the store holds but the ledger does not (a host lost
+    before its events were read). Each belongs to the lineage of the attempt that wrote it;
+    one written by an attempt the ledger does not know is left alone. Returns the new rows."""
     known = {r["checkpoint_key"] for r in R.checkpoints(ledger, job_id, live_only=False)}
+    runs = {int(r["attempt"]): r for r in ledger.rows(
+        "SELECT attempt, run_id, lineage, experiment FROM runs WHERE job_id = ?", [job_id])}
     store = open_store(store_uri)
     rows = []
     for uri in store.list(job_id):
+        parsed = parse_checkpoint_dir(uri.rstrip("/").rsplit("/", 1)[-1])
+        if parsed is None or R.checkpoint_key(job_id, parsed[1], parsed[0]) in known or parsed[1] not in runs:
+            continue
         try:
             m = store.verify(uri)
         except StoreError:
             continue
-        key = R.checkpoint_key(job_id, m.step)
-        if key in known:
-            continue
+        run = runs[parsed[1]]
         ev = {"step": m.step, "tier": m.tier, "uri": uri, "sha256": m.digest, "bytes": m.total_bytes,
               "weights_sha256": m.weights_sha256, "parent": m.parent, "attempt": m.attempt,
               "train_loss": (m.meta.get("metrics") or {}).get("train/loss"),
-              "ts": datetime.fromisoformat(m.created_at).timestamp() if m.created_at else None}
-        rows.append(row_from_event(ev, job_id=job_id, run_id=R.run_id_for(job_id, m.attempt) if m.attempt else None))
-    if rows:
-        ledger.commit({"checkpoints": rows, "events": [R.event("checkpoints_recovered_from_store", job_id=job_id,
-                                                               keys=[r["checkpoint_key"] for r in rows])]})
-    return rows
+              "ts": _iso_ts(m.created_at) if m.created_at else None}
+        if (m.step, m.attempt) != parsed:
+            continue  # a manifest that disagrees with its own directory name
+        rows.append(row_from_event(ev, job_id=job_id, run_id=run["run_id"], lineage=run["lineage"],
+                                   experiment=run["experiment"]))
+    if not rows:
+        return []
+    return register(ledger, rows, eval_suite=eval_suite, events=[R.event(
+        "checkpoints_recovered_from_store", job_id=job_id, keys=[r["checkpoint_key"] for r in rows])])
 
 
-def newest_complete(ledger: Ledger, store_uri: str, job_id: str) -> dict | None:
-    """The checkpoint to resume from: the highest step whose files verify."""
-    scan_store(ledger, store_uri, job_id)
-    for row in sorted(R.checkpoints(ledger, job_id), key=lambda r: r["step"], reverse=True):
+def _iso_ts(text: str) -> float | None:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def check_against_ledger(row: dict) -> None:
+    """Raise CheckpointIntegrityError unless the stored bytes match the ledger's sha256 (and,
+    for a delta, its base too). Deleted checkpoints are refused as well."""
+    key = row["checkpoint_key"]
+    if row.get("deleted_at") is not None:
+        raise CheckpointIntegrityError(f"checkpoint {key} was deleted ({row.get('deleted_reason') or 'retention'})",
+                                       field="checkpoint", value=key, fix="choose a live checkpoint (`orbit status JOB`)")
+    try:
+        manifest = store_of(row["uri"]).verify(row["uri"])
+    except StoreError as exc:
+        raise CheckpointIntegrityError(f"checkpoint {key} cannot be used: {exc}", field="checkpoint", value=key,
+                                       fix="it is skipped; an older checkpoint is used where there is one") from None
+    if manifest.digest != row["sha256"]:
+        raise CheckpointIntegrityError(
+            f"checkpoint {key}: its files and manifest were changed after registration (sha256 {manifest.digest[:12]}, "
+            f"the ledger recorded {row['sha256'][:12]})", field="checkpoint", value=key,
+            fix="treat it as tampered: it is never resumed from or evaluated")
+    base = (manifest.meta or {}).get("delta_of")
+    if base:
         try:
-            store_of(row["uri"]).verify(row["uri"])
-            return row
+            store_of(base).verify(base)
         except StoreError as exc:
-            ledger.commit({"events": [R.event("checkpoint_unusable", job_id=job_id, checkpoint=row["checkpoint_key"],
+            raise CheckpointIntegrityError(f"checkpoint {key} is a delta whose base cannot be used: {exc}",
+                                           field="checkpoint", value=key, fix="an older full checkpoint is used") from None
+
+
+def newest_complete(ledger: Ledger, store_uri: str, job_id: str, *, lineage: str | None,
+                    eval_suite: str | None) -> dict | None:
+    """The checkpoint to resume from: the highest step of this lineage whose bytes still match
+    the ledger. None: start from scratch (a new lineage, or nothing usable)."""
+    if lineage is None:
+        return None
+    scan_store(ledger, store_uri, job_id, eval_suite=eval_suite)
+    for row in sorted(R.checkpoints(ledger, job_id, lineage=lineage), key=lambda r: r["step"], reverse=True):
+        try:
+            check_against_ledger(row)
+            return row
+        except CheckpointIntegrityError as exc:
+            ledger.commit({"events": [R.event("checkpoint_unusable", job_id=job_id, checkpoint_key=row["checkpoint_key"],
                                               reason=str(exc))]})
     return None

@@ -11,14 +11,23 @@ from .providers import provider_for
 from .settings import Settings
 
 
+def bundle_of(ledger: Ledger, job_id: str, attempt: int, *, verify: bool = False) -> JobBundle:
+    return JobBundle.load(R.bundle_for(ledger, job_id, attempt)["path"], verify=verify)
+
+
 def store_for(settings: Settings, ledger: Ledger, job_id: str, attempt: int) -> str:
     """The checkpoint store root the job's template names (fs or s3)."""
-    bundle = JobBundle.load(R.bundle_for(ledger, job_id, attempt)["path"], verify=False)
-    return settings.store_uri_for(bundle.spec.template.checkpoint.store)
+    return settings.store_uri_for(bundle_of(ledger, job_id, attempt).spec.template.checkpoint.store)
+
+
+def eval_suite_for(settings: Settings, ledger: Ledger, job_id: str, attempt: int) -> str | None:  # noqa: ARG001
+    """The evaluation suite new checkpoints of this job are queued for (None: not evaluable)."""
+    template = bundle_of(ledger, job_id, attempt).spec.template
+    return template.eval.suite if template.eval else None
 
 
 def bundle_and_provider(settings: Settings, ledger: Ledger, job_id: str, attempt: int) -> tuple[JobBundle, Provider]:
-    bundle = JobBundle.load(R.bundle_for(ledger, job_id, attempt)["path"])
+    bundle = bundle_of(ledger, job_id, attempt, verify=True)
     return bundle, provider_for(settings, bundle.spec.execution_request.backend_key)
 
 

@@ -1,53 +1,99 @@
 """Dispatch: QUEUED -> DISPATCHING -> RUNNING: choose an offer, provision, launch.
 
-Exactly one process dispatches an attempt (a lock and an idempotent transition); a
-replacement a migration provisioned ahead is used instead of a new instance.
+Exactly one process dispatches an attempt: QUEUED -> DISPATCHING is a compare-and-set in
+the ledger, so of two runs of one attempt (a UI click and a sensor) one wins and the other
+re-attaches. DISPATCHING has an owner (the winning run) and a deadline; whatever goes wrong
+after the move ends the attempt there and then: the instance, if one was provisioned, is
+released and billed, and the job is LOST (retryable: the next attempt tries again) or
+FAILED with its failure class and the reason, never left DISPATCHING.
 """
 from __future__ import annotations
 
 import json
+import time
 
-from ..core.errors import NoCapacity, OrbitError, ProviderError
+from ..core.errors import NoCapacity, OrbitError
+from ..core.failures import classify_dispatch_error
 from ..core.lifecycle import JobState
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
 from ..providers.base import InstanceHandle, LaunchSpec, Provider, RunHandle
 from . import checkpoints as C
-from .billing import instance_row, release, run_state_row
-from .context import Reporter, bundle_and_provider
+from .billing import instance_row, release
+from .context import Reporter, bundle_and_provider, eval_suite_for
 from .observations import probed_offers
 from .offers import rank_for
 from .settings import Settings
+
+# An AWS instance can take ~10 minutes to boot; after this the reconciler ends the attempt.
+DISPATCH_TIMEOUT_S = 20 * 60.0
+MAX_OFFERS_TRIED = 5
 
 
 def dispatch(settings: Settings, ledger: Ledger, job: dict, *, dagster_run_id: str | None,
              reporter: Reporter) -> tuple[RunHandle, Provider] | None:
     """Launch the queued attempt; None if another process is already dispatching it."""
     job_id, attempt = job["job_id"], int(job["attempt"])
-    with ledger.lock(f"dispatch-{job_id}"):
-        # Re-read under the lock: two runs of one attempt (a UI click and a sensor) must
-        # not both provision. The loser re-attaches to what the winner launched.
-        if not R.transition(ledger, job_id, JobState.DISPATCHING, attempt=attempt,
-                            reason=f"dagster run {dagster_run_id or '-'}"):
-            return None
-    bundle, provider = bundle_and_provider(settings, ledger, job_id, attempt)
-    detail = json.loads(job.get("detail") or "{}")
+    if not R.transition(ledger, job_id, JobState.DISPATCHING, attempt=attempt, only_from={JobState.QUEUED},
+                        reason=f"dagster run {dagster_run_id or '-'}", deadline_at=time.time() + DISPATCH_TIMEOUT_S,
+                        detail={"dagster_run_id": dagster_run_id}):
+        return None
+    run_id = R.run_id_for(job_id, attempt)
+    provisioned: list[InstanceHandle] = []
+    provider: Provider | None = None
+    try:
+        bundle, provider = bundle_and_provider(settings, ledger, job_id, attempt)
+        return _launch(settings, ledger, job, bundle, provider, provisioned, dagster_run_id=dagster_run_id,
+                       reporter=reporter)
+    except BaseException as exc:
+        end_failed_dispatch(settings, ledger, provider, provisioned, job_id=job_id, attempt=attempt, run_id=run_id,
+                            exc=exc)
+        raise
+
+
+def end_failed_dispatch(settings: Settings, ledger: Ledger, provider: Provider | None, provisioned: list[InstanceHandle],
+                        *, job_id: str, attempt: int, run_id: str, exc: BaseException) -> None:
+    """Release what was rented and end the attempt with its class and reason."""
+    failure_class, retryable = classify_dispatch_error(exc)
+    reason = f"dispatch failed: {exc}" if isinstance(exc, OrbitError) else f"dispatch failed: {type(exc).__name__}: {exc}"
+    interrupted = not isinstance(exc, Exception)  # the run was terminated (a person, or its process ended)
+    for instance in provisioned:
+        if provider is not None:
+            try:
+                release(settings, ledger, provider, instance, job_id=job_id, run_id=run_id, attempt=attempt,
+                        checkpoints=[], lost=False, last_progress=None, reason=reason[:500])
+            except Exception as release_exc:  # noqa: BLE001 - the reconciler retries the release
+                ledger.commit({"events": [R.event("release_failed", job_id=job_id, instance_id=instance.instance_id,
+                                                  reason=str(release_exc)[:500])]})
+    if interrupted:
+        R.transition(ledger, job_id, JobState.CANCELLED, attempt=attempt, reason="the run dispatching it was terminated",
+                     extra={"events": [R.event("dispatch_interrupted", job_id=job_id, run_id=run_id)]})
+        return
+    R.transition(ledger, job_id, JobState.LOST if retryable else JobState.FAILED, attempt=attempt,
+                 reason=reason[:2000], failure_class=failure_class.value,
+                 extra={"events": [R.event("dispatch_failed", job_id=job_id, run_id=run_id, reason=reason[:2000],
+                                           failure_class=failure_class.value, retryable=retryable)]})
+
+
+def _launch(settings: Settings, ledger: Ledger, job: dict, bundle, provider: Provider,
+            provisioned: list[InstanceHandle], *, dagster_run_id: str | None,
+            reporter: Reporter) -> tuple[RunHandle, Provider]:
+    job_id, attempt = job["job_id"], int(job["attempt"])
     template = bundle.spec.template
     store_uri = settings.store_uri_for(template.checkpoint.store)
-    resume = None if detail.get("resume") == "scratch" else C.newest_complete(ledger, store_uri, job_id)
+    suite = eval_suite_for(settings, ledger, job_id, attempt)
+    resume = C.newest_complete(ledger, store_uri, job_id, lineage=job["lineage"], eval_suite=suite)
     from .recovery import offers_to_avoid  # local: recovery imports this module
 
-    try:
-        ranked, decision = rank_for(ledger, provider, bundle.spec.execution_request, job_id=job_id, attempt=attempt,
-                                    notice_s=provider.notice_seconds, template=template.name,
-                                    avoid=offers_to_avoid(ledger, job_id))
-        standby = standby_instance(ledger, provider, job_id, attempt)
-        instance, tried = (standby, []) if standby else provision_first(provider, ranked, job_id, attempt)
-    except (ProviderError, OrbitError) as exc:
-        retryable = isinstance(exc, ProviderError) and exc.retryable
-        R.transition(ledger, job_id, JobState.LOST if retryable else JobState.FAILED, attempt=attempt, reason=str(exc),
-                     failure_class="capacity" if retryable else "provider")
-        raise
+    ranked, decision = rank_for(ledger, provider, bundle.spec.execution_request, job_id=job_id, attempt=attempt,
+                                notice_s=provider.notice_seconds, template=template.name,
+                                avoid=offers_to_avoid(ledger, job_id))
+    standby = standby_instance(ledger, provider, job_id, attempt)
+    if standby:
+        instance, tried = standby, []
+    else:
+        instance, tried = provision_first(provider, ranked, job_id, attempt)
+        provisioned.append(instance)
     offer = instance.offer
     run_id = R.run_id_for(job_id, attempt)
     interval, interval_row = checkpoint_plan(ledger, provider, template, offer, job_id=job_id, attempt=attempt)
@@ -56,55 +102,52 @@ def dispatch(settings: Settings, ledger: Ledger, job: dict, *, dagster_run_id: s
     if standby:  # provisioned ahead by a migration: it becomes this attempt's instance
         decision["chosen"] = instance.offer.offer_id
     ledger.commit({"decisions": [decision, interval_row],
-                   "instances": [] if standby else [instance_row(instance, "train", job_id, run_id)]})
-    try:
-        spec = LaunchSpec(
-            task="train",
-            attempt=attempt,
-            store_uri=provider.host_store_uri(instance, store_uri),
-            resume_from=provider.stage_checkpoint(instance, resume["uri"]) if resume else None,
-            checkpoint_every=interval,
-            memory_every=template.checkpoint.memory_every_steps,
-            env=dict(bundle.spec.execution_request.env),
-            secret_env=tuple(bundle.spec.execution_request.secret_env),
-            # The first instance of an offer measures its effective TFLOPS for the catalog.
-            probe=offer.offer_id not in probed_offers(ledger),
-        )
-        handle = provider.launch(instance, bundle.path, spec)
-    except ProviderError as exc:
-        release(settings, ledger, provider, instance, job_id=job_id, run_id=run_id, attempt=attempt,
-                 checkpoints=[], lost=False, last_progress=None, reason=f"launch failed: {exc}")
-        R.transition(ledger, job_id, JobState.LOST if exc.retryable else JobState.FAILED, attempt=attempt,
-                     reason=str(exc), failure_class="capacity" if exc.retryable else "provider")
-        raise
+                   "instances": [] if standby else [instance_row(instance, "train", job_id, run_id,
+                                                                 dagster_run_id=dagster_run_id)]})
+    if standby:
+        provisioned.append(instance)  # from here on, a failed launch releases it too
+    spec = LaunchSpec(
+        task="train",
+        attempt=attempt,
+        store_uri=provider.host_store_uri(instance, store_uri),
+        resume_from=provider.stage_checkpoint(instance, resume["uri"]) if resume else None,
+        resume_sha256=resume["sha256"] if resume else None,
+        checkpoint_every=interval,
+        memory_every=template.checkpoint.memory_every_steps,
+        env=dict(bundle.spec.execution_request.env),
+        secret_env=tuple(bundle.spec.execution_request.secret_env),
+        # The first instance of an offer measures its effective TFLOPS for the catalog.
+        probe=offer.offer_id not in probed_offers(ledger),
+    )
+    handle = provider.launch(instance, bundle.path, spec)
+    now = utcnow()
     run_row = {
-        "run_id": run_id, "job_id": job_id, "attempt": attempt, "bundle_hash": bundle.bundle_hash,
-        "dagster_run_id": dagster_run_id, "instance_id": instance.instance_id, "provider": provider.name,
-        "offer_id": offer.offer_id, "resume_from": resume["checkpoint_key"] if resume else None,
-        "handle": handle.model_dump_json(), "imported": False, "experiment": job["experiment"],
-        "project": job["project"], "started_at": utcnow(),
+        "run_id": run_id, "job_id": job_id, "attempt": attempt, "lineage": job["lineage"],
+        "bundle_hash": bundle.bundle_hash, "dagster_run_id": dagster_run_id, "instance_id": instance.instance_id,
+        "provider": provider.name, "offer_id": offer.offer_id,
+        "resume_from": resume["checkpoint_key"] if resume else None, "handle": handle.model_dump_json(),
+        "imported": 0, "experiment": job["experiment"], "project": job["project"], "started_at": now,
+        "state": "RUNNING", "state_at": now,
     }
     R.transition(
         ledger, job_id, JobState.RUNNING, attempt=attempt,
         reason=f"on {offer.offer_id}" + (f", resumed from {resume['checkpoint_key']}" if resume else ""),
-        extra={"runs": [run_row], "run_states": [run_state_row(run_id, "RUNNING")],
+        extra={"runs": [run_row],
+               "run_states": [{"run_id": run_id, "state": "RUNNING", "reason": "launched", "ts": now}],
                "events": [R.event("launched", job_id=job_id, run_id=run_id, instance_id=instance.instance_id,
                                   offer=offer.offer_id, resume_from=resume["checkpoint_key"] if resume else None,
-                                  checkpoint_every=interval)]},
+                                  checkpoint_every=interval, lineage=job["lineage"])]},
     )
     reporter.log(f"{job_id} attempt {attempt}: running on {offer.offer_id} ({instance.instance_id}), "
                  f"durable checkpoint every {interval} steps"
-                 + (f", resumed from {resume['checkpoint_key']}" if resume else ""))
+                 + (f", resumed from {resume['checkpoint_key']}" if resume else ", from scratch"))
     return handle, provider
-
-
-MAX_OFFERS_TRIED = 5
 
 
 def standby_instance(ledger: Ledger, provider: Provider, job_id: str, attempt: int) -> InstanceHandle | None:
     """The replacement a migration provisioned ahead for this attempt, if it is still up."""
-    rows = ledger.rows("""SELECT handle FROM instance_usage WHERE job_id = ? AND run_id = ? AND purpose = 'train'
-                          AND running AND handle IS NOT NULL""", [job_id, R.run_id_for(job_id, attempt)])
+    rows = ledger.rows("""SELECT handle FROM instances WHERE job_id = ? AND run_id = ? AND purpose = 'train'
+                          AND stopped_at IS NULL AND handle IS NOT NULL""", [job_id, R.run_id_for(job_id, attempt)])
     for row in rows:
         instance = InstanceHandle.model_validate_json(row["handle"])
         if instance.provider == provider.name and provider.instance_alive(instance):
@@ -120,6 +163,9 @@ def provision_first(provider: Provider, ranked: list, job_id: str, attempt: int)
             return provider.provision(offer, tags={"orbit/job": job_id, "orbit/attempt": str(attempt)}), tried
         except NoCapacity as exc:
             tried.append({"offer": offer.offer_id, "error": str(exc)})
+    if not ranked:
+        raise NoCapacity("no offer fits the job's resources", provider=provider.name, retryable=False,
+                         fix="widen resources (gpu, gpu_count, max price) or choose another placement")
     raise NoCapacity(f"none of the {len(tried)} best offers has capacity now: {tried[0]['error'] if tried else ''}",
                      provider=provider.name, fix="the job is retried as an interruption; or widen resources")
 
@@ -127,9 +173,9 @@ def provision_first(provider: Provider, ranked: list, job_id: str, attempt: int)
 def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_id: str, attempt: int) -> tuple[int, dict]:
     """The durable checkpoint interval in steps, and its decision row.
 
-    `interval_policy: young-daly` converts the policy's interval (from the offer's reclaim
-    rate, the measured save time and the notice) into steps with the measured step time;
-    `fixed` keeps the template's `every_steps`. Both record the policy's figure."""
+    `interval_policy: orbit` or `young-daly` converts the policy's interval (from the offer's
+    reclaim rate, the measured save time and the notice) into steps with the measured step
+    time; `fixed` keeps the template's `every_steps`. Both record the policy's figure."""
     from ..policy.interval import checkpoint_interval
     from ..policy.reclaim_rate import ReclaimRateEstimator
     from .offers import measured_save_seconds
@@ -144,7 +190,7 @@ def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_
     interval_s = checkpoint_interval(est.mtbf_s, save_s, notice_s=provider.notice_seconds, min_s=0.0)
     policy_steps = max(1, int(round(interval_s / step_s))) if step_s else None
     fixed = template.checkpoint.every_steps
-    steps = policy_steps if template.checkpoint.interval_policy == "young-daly" and policy_steps else fixed
+    steps = policy_steps if template.checkpoint.interval_policy != "fixed" and policy_steps else fixed
     row = {
         "decision_id": R.event("decision")["event_id"], "job_id": job_id, "attempt": attempt,
         "kind": "checkpoint_interval", "chosen": str(steps), "runner_up": str(fixed if steps != fixed else policy_steps),
@@ -155,3 +201,4 @@ def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_
         "ts": utcnow(),
     }
     return steps, row
+

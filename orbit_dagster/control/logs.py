@@ -1,5 +1,10 @@
-"""The workload log of an attempt: live from the host while it runs, collected after."""
+"""The log of an attempt: the workload's (live from the host while it runs, collected after),
+preceded by what the control plane recorded about the attempt (its states and reasons), so
+an attempt that never launched still says why."""
 from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
 
 from ..core.errors import NotFound
 from ..ledger import records as R
@@ -8,16 +13,44 @@ from .context import bundle_and_provider
 from .settings import Settings
 
 
+def _when(ts: float | None) -> str:
+    return datetime.fromtimestamp(float(ts), timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if ts else "-"
+
+
+def attempt_history(settings: Settings, job_id: str, attempt: int) -> list[str]:
+    """The attempt's state changes and the control plane's events about it, oldest first."""
+    ledger = settings.ledger()
+    lines = [f"{_when(r['ts'])}  {r['state']:<11} {r['failure_class'] or '':<14} {r['reason'] or ''}".rstrip()
+             for r in ledger.rows("SELECT ts, state, failure_class, reason FROM job_states WHERE job_id = ? AND attempt = ? "
+                                  "ORDER BY id", [job_id, attempt])]
+    for r in ledger.rows("""SELECT ts, kind, detail FROM events WHERE job_id = ? AND kind IN
+                            ('dispatch_failed', 'dispatch_abandoned', 'checkpoint_rejected', 'checkpoint_unusable',
+                             'release_failed', 'launched') ORDER BY ts""", [job_id]):
+        detail = json.loads(r["detail"] or "{}")
+        if detail.get("attempt") not in (None, attempt) and r["kind"] != "launched":
+            continue
+        shown = detail.get("reason") or detail.get("offer") or ""
+        lines.append(f"{_when(r['ts'])}  {r['kind']:<11} {shown}".rstrip())
+    return lines
+
+
 def attempt_log(settings: Settings, job_id: str, attempt: int | None = None, tail: int = 200) -> str:
     ledger = settings.ledger()
     job = R.require_job(ledger, job_id)
     attempt = attempt or int(job["attempt"])
+    if attempt < 1 or attempt > int(job["attempt"]):
+        raise NotFound(f"job {job_id} has no attempt {attempt}", field="--attempt", value=attempt,
+                       fix=f"attempts so far: 1..{job['attempt']}")
+    header = [f"== {job_id} attempt {attempt}: control plane =="] + attempt_history(settings, job_id, attempt)
     collected = settings.artifacts_dir / job_id / f"attempt-{attempt}" / "agent.log"
+    body: list[str] = []
     if collected.is_file():
-        return "\n".join(collected.read_text(errors="replace").splitlines()[-tail:])
-    run = R.run(ledger, R.run_id_for(job_id, attempt))
-    if run is None or not run["handle"]:
-        raise NotFound(f"job {job_id} has no attempt {attempt} with a log yet", field="--attempt", value=attempt,
-                       fix=f"attempts so far: 1..{job['attempt']}; a queued attempt has no log until it runs")
-    _, provider = bundle_and_provider(settings, ledger, job_id, attempt)
-    return provider.logs(RunHandle.model_validate_json(run["handle"]), tail)
+        body = collected.read_text(errors="replace").splitlines()[-tail:]
+    else:
+        run = R.run(ledger, R.run_id_for(job_id, attempt))
+        if run is not None and run["handle"]:
+            _, provider = bundle_and_provider(settings, ledger, job_id, attempt)
+            body = provider.logs(RunHandle.model_validate_json(run["handle"]), tail).splitlines()
+    if not body:
+        body = ["(no workload log: this attempt never launched on a host)"]
+    return "\n".join(header + [f"== {job_id} attempt {attempt}: workload =="] + body)

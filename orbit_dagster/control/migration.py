@@ -16,7 +16,6 @@ A failure before step 2 leaves the job where it was (the replacement is released
 """
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta, timezone
 
 from ..core.offers import Offer
@@ -37,18 +36,18 @@ WINDOWS = 4  # three rises need four windows
 
 def risk_history(ledger: Ledger, offer: Offer, now: datetime, window_s: float, windows: int = WINDOWS) -> list[float]:
     """The offer's estimated reclaim rate per hour at the end of each of the last windows."""
+    lost = [float(r["state_at"]) for r in ledger.rows(
+        """SELECT state_at FROM runs WHERE offer_id = ? AND state = 'LOST'
+           AND coalesce(failure_class, '') <> 'migration'""", [offer.offer_id])]
+    spans = [(float(r["started_at"]), None if r["stopped_at"] is None else float(r["stopped_at"]))
+             for r in ledger.rows("SELECT started_at, stopped_at FROM instances WHERE offer_id = ?", [offer.offer_id])]
     out = []
     for k in range(windows):
-        end = now - timedelta(seconds=(windows - 1 - k) * window_s)
-        row = ledger.rows(
-            """SELECT (SELECT count(*) FROM run_status r WHERE r.offer_id = ? AND r.state = 'LOST'
-                         AND coalesce(r.failure_class, '') <> 'migration' AND r.state_ts <= ?) AS reclaims,
-                      (SELECT coalesce(sum(greatest(0, epoch(least(coalesce(u.stopped_at, ?), ?) - u.started_at))), 0)
-                         FROM instance_usage u WHERE u.offer_id = ? AND u.started_at <= ?) AS exposure""",
-            [offer.offer_id, end, end, end, offer.offer_id, end],
-        )[0]
+        end = (now - timedelta(seconds=(windows - 1 - k) * window_s)).timestamp()
+        exposure = sum(max(0.0, min(stop if stop is not None else end, end) - start) for start, stop in spans
+                       if start <= end)
         est = ReclaimRateEstimator.for_offer(offer)
-        est.observe(int(row["reclaims"]), float(row["exposure"]))
+        est.observe(sum(1 for t in lost if t <= end), exposure)
         out.append(est.rate_per_hour)
     return out
 
@@ -64,7 +63,7 @@ def consider_migrations(settings: Settings, *, now: datetime | None = None, wind
         handle = RunHandle.model_validate_json(row["handle"])
         current = handle.instance.offer
         if not current.spot or ledger.scalar(
-                "SELECT count(*) FROM events WHERE kind = 'migration_started' AND run_id = ?", [row["run_id"]]):
+                "SELECT count(*) FROM events WHERE run_id = ? AND kind = 'migration_started'", [row["run_id"]]):
             continue
         history = risk_history(ledger, current, now, window_s)
         if not risk_rising(history):
@@ -113,9 +112,3 @@ def migrate(settings: Settings, ledger: Ledger, provider, handle: RunHandle, *, 
         raise
     return {"job_id": job_id, "attempt": attempt, "from": handle.instance.offer.offer_id, "to": target.offer_id,
             "replacement": replacement.instance_id}
-
-
-def migration_summary(ledger: Ledger, job_id: str) -> list[dict]:
-    return [json.loads(r["detail"]) | {"ts": r["ts"]} for r in ledger.rows(
-        "SELECT detail, ts FROM events WHERE kind = 'migration_started' AND job_id = ? ORDER BY ts", [job_id])]
-

@@ -25,7 +25,7 @@ DEFAULT_RESTORE_S = 10.0
 def measured_save_seconds(ledger: Ledger, template: str | None = None) -> float:
     """Median durable save time seen for this template (a prior when none yet)."""
     rows = ledger.rows(
-        """SELECT c.save_seconds FROM checkpoints c JOIN jobs j USING (job_id)
+        """SELECT c.save_seconds FROM checkpoints c JOIN jobs j ON j.job_id = c.job_id
            WHERE c.save_seconds IS NOT NULL AND (? IS NULL OR j.template = ?) ORDER BY c.registered_at DESC LIMIT 50""",
         [template, template],
     )

@@ -16,21 +16,26 @@ class PriceReport:
     flagged: list[dict] = field(default_factory=list)
 
 
+def running_train_instances(ledger) -> list[dict]:
+    """Metered training instances with their attempt's bundle (one row per instance)."""
+    rows = ledger.rows(
+        """SELECT i.instance_id, i.provider, i.offer_id, i.job_id, i.gpu_count, r.attempt, r.run_id
+           FROM instances i JOIN runs r ON r.instance_id = i.instance_id
+           WHERE i.stopped_at IS NULL AND i.purpose = 'train'""")
+    for row in rows:
+        row["bundle"] = R.bundle_for(ledger, row["job_id"], int(row["attempt"]))["path"]
+    return rows
+
+
 def ingest_prices(settings: Settings, since: datetime | None) -> PriceReport:
     """Ingest ticks for the offers of running instances, per provider; flag over-budget jobs."""
     ledger = settings.ledger()
-    running = ledger.rows(
-        """SELECT u.instance_id, u.provider, u.offer_id, u.job_id, u.gpu_count, r.attempt, b.path AS bundle
-           FROM instance_usage u JOIN run_status r ON r.instance_id = u.instance_id
-           JOIN bundles b ON b.job_id = u.job_id AND b.attempt <= r.attempt
-           WHERE u.running AND u.purpose = 'train'
-           QUALIFY row_number() OVER (PARTITION BY u.instance_id ORDER BY b.attempt DESC) = 1"""
-    )
+    running = running_train_instances(ledger)
     report = PriceReport()
+    specs = {row["bundle"]: JobBundle.load(row["bundle"], verify=False).spec for row in running}
     by_backend: dict[str, set[str]] = {}
     for row in running:
-        key = JobBundle.load(row["bundle"], verify=False).spec.execution_request.backend_key
-        by_backend.setdefault(key, set()).add(row["offer_id"])
+        by_backend.setdefault(specs[row["bundle"]].execution_request.backend_key, set()).add(row["offer_id"])
     rows = []
     for backend, offer_ids in by_backend.items():
         for tick in provider_for(settings, backend).price_feed(since, sorted(offer_ids)):
@@ -39,23 +44,21 @@ def ingest_prices(settings: Settings, since: datetime | None) -> PriceReport:
     if rows:
         ledger.commit({"price_ticks": rows})
     report.ticks = len(rows)
-    flagged_before = {(r["job_id"], r["run_id"]) for r in ledger.rows(
-        "SELECT job_id, run_id FROM events WHERE kind = 'price_above_max'")}
     flags = []
     for row in running:
-        spec = JobBundle.load(row["bundle"], verify=False).spec
-        cap = spec.execution_request.max_price_per_gpu_hour
+        cap = specs[row["bundle"]].execution_request.max_price_per_gpu_hour
         if cap is None:
             continue
-        latest = ledger.rows("SELECT usd_per_hour_spot FROM price_ticks WHERE offer_id = ? ORDER BY ts DESC LIMIT 1",
-                             [row["offer_id"]])
-        if not latest or latest[0]["usd_per_hour_spot"] is None:
+        latest = ledger.one("SELECT usd_per_hour_spot FROM price_ticks WHERE offer_id = ? ORDER BY ts DESC LIMIT 1",
+                            [row["offer_id"]])
+        if not latest or latest["usd_per_hour_spot"] is None:
             continue
-        per_gpu = latest[0]["usd_per_hour_spot"] / max(int(row["gpu_count"] or 1), 1)
-        run_id = R.run_id_for(row["job_id"], int(row["attempt"]))
-        if per_gpu > cap and (row["job_id"], run_id) not in flagged_before:
-            flags.append(R.event("price_above_max", job_id=row["job_id"], run_id=run_id, instance_id=row["instance_id"],
-                                 offer=row["offer_id"], usd_per_gpu_hour=per_gpu, max_price_per_gpu_hour=cap))
+        per_gpu = latest["usd_per_hour_spot"] / max(int(row["gpu_count"] or 1), 1)
+        if per_gpu > cap and not ledger.scalar(
+                "SELECT count(*) FROM events WHERE run_id = ? AND kind = 'price_above_max'", [row["run_id"]]):
+            flags.append(R.event("price_above_max", job_id=row["job_id"], run_id=row["run_id"],
+                                 instance_id=row["instance_id"], offer=row["offer_id"], usd_per_gpu_hour=per_gpu,
+                                 max_price_per_gpu_hour=cap))
             report.flagged.append({"job_id": row["job_id"], "offer_id": row["offer_id"], "usd_per_gpu_hour": per_gpu,
                                    "max": cap})
     if flags:

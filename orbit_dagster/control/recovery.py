@@ -1,14 +1,13 @@
-"""What happens after an attempt ends badly: the failure classes and their retry rules.
+"""What happens after an attempt ends badly: the retry rules of `core/failures.py`.
 
-- reclaim / lost host: a new attempt resumed from the newest complete checkpoint, up to
-  `max_interruptions`; an offer that keeps reclaiming this job is avoided;
+- reclaim / lost host, and retryable infrastructure failures: a new attempt resumed from
+  the newest complete checkpoint of the lineage, up to `max_interruptions`; an offer that
+  keeps reclaiming this job is avoided;
 - out-of-memory: one retry with the template's whitelisted change (e.g. micro-batch
   halved, gradient accumulation doubled), when the template declares one;
-- divergence (NaN), user error, crash: no automatic retry.
+- divergence (NaN), user error: no automatic retry.
 """
 from __future__ import annotations
-
-import json
 
 from ..core.bundle import JobBundle
 from ..core.lifecycle import JobState
@@ -23,7 +22,7 @@ AVOID_AFTER_RECLAIMS = 2
 def offers_to_avoid(ledger: Ledger, job_id: str) -> set[str]:
     """Offers on which this job was reclaimed at least twice: that zone keeps reclaiming."""
     rows = ledger.rows(
-        """SELECT r.offer_id, count(*) AS n FROM run_status r
+        """SELECT r.offer_id, count(*) AS n FROM runs r
            WHERE r.job_id = ? AND r.state = 'LOST' GROUP BY r.offer_id HAVING count(*) >= ?""",
         [job_id, AVOID_AFTER_RECLAIMS],
     )
@@ -57,7 +56,7 @@ def after_failure(settings: Settings, outcome) -> int | None:
     )
     if earlier:
         return None  # OOM retries once
-    bundle = JobBundle.load(R.bundle_for(ledger, outcome.job_id, outcome.attempt)["path"])
+    bundle = JobBundle.load(R.bundle_for(ledger, outcome.job_id, outcome.attempt)["path"], verify=False)
     change = oom_change(bundle.spec.template, bundle.spec.template.config)
     if change is None:
         return None
@@ -84,7 +83,3 @@ def recover_lost(settings: Settings, job_id: str) -> dict:
                           reason="moving to the provisioned replacement" if moved
                           else f"recovering from interruption {lost}: {job['reason']}")
     return {"job_id": job_id, "action": "requeued", "attempt": new_attempt}
-
-
-def job_detail(job: dict) -> dict:
-    return json.loads(job.get("detail") or "{}")

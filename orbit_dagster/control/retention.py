@@ -33,30 +33,42 @@ def plan(checkpoints: list[dict], *, keep_latest: int, keep_best: int, mode: str
 
 
 def apply_retention(settings: Settings, job_id: str) -> list[str]:
+    """Delete the job's checkpoints the policy does not keep; returns the keys deleted.
+
+    Only the job's current lineage is pruned by rank; checkpoints of superseded lineages are
+    kept while they are the only ones (a person may still rank them explicitly)."""
     ledger = settings.ledger()
-    bundles = ledger.rows("SELECT path FROM bundles WHERE job_id = ? ORDER BY attempt DESC LIMIT 1", [job_id])
-    if not bundles:
+    bundle = ledger.one("SELECT path FROM bundles WHERE job_id = ? ORDER BY attempt DESC LIMIT 1", [job_id])
+    job = R.job(ledger, job_id)
+    if bundle is None or job is None:
         return []  # an imported run: its owner decides
-    policy = JobBundle.load(bundles[0]["path"], verify=False).spec.template.checkpoint
-    owner = ledger.rows("SELECT experiment FROM owners WHERE job_id = ?", [job_id])
-    pm = primary_metric_for(ledger, owner[0]["experiment"])
+    policy = JobBundle.load(bundle["path"], verify=False).spec.template.checkpoint
+    pm = primary_metric_for(ledger, job["experiment"])
     rows = ledger.rows(
         """SELECT c.checkpoint_key, c.step, c.tier, c.uri, c.parent_key,
-                  TRY_CAST(json_extract_string(e.metrics, '$."' || ? || '"') AS DOUBLE) AS value
-           FROM live_checkpoints c LEFT JOIN evaluations e USING (checkpoint_key) WHERE c.job_id = ?""",
-        [pm.name, job_id],
+                  (SELECT m.value FROM metric_points m WHERE m.checkpoint_key = c.checkpoint_key AND m.source = 'eval'
+                   AND m.name = ? ORDER BY m.ts DESC LIMIT 1) AS value,
+                  (SELECT count(*) FROM evaluations e WHERE e.checkpoint_key = c.checkpoint_key
+                   AND e.state IN ('PENDING', 'RUNNING')) AS pending
+           FROM checkpoints c WHERE c.job_id = ? AND c.deleted_at IS NULL AND c.lineage = ?""",
+        [pm.name, job_id, job["lineage"]],
     )
+    # A checkpoint still waiting for (or being) evaluated is not ranked yet: plan() keeps it.
+    for r in rows:
+        if r["pending"]:
+            r["value"] = None
     keep, delete = plan(rows, keep_latest=policy.keep_latest, keep_best=policy.keep_best, mode=pm.mode)
     if not delete:
         return []
     uris = {r["checkpoint_key"]: r["uri"] for r in rows}
-    deletions, gone = [], []
+    gone = []
     for key in sorted(delete):
         existed = store_of(uris[key]).delete(uris[key])
-        deletions.append({"checkpoint_key": key, "reason": "retention" + ("" if existed else " (files already gone)"),
-                          "ts": utcnow()})
+        with ledger.write() as tx:  # one by one: a crash half-way leaves the ledger true to the store
+            tx.execute("UPDATE checkpoints SET deleted_at = ?, deleted_reason = ? WHERE checkpoint_key = ? "
+                       "AND deleted_at IS NULL",
+                       [utcnow(), "retention" + ("" if existed else " (files already gone)"), key])
         gone.append(key)
-    ledger.commit({"checkpoint_deletions": deletions,
-                   "events": [R.event("retention", job_id=job_id, deleted=gone, kept=sorted(keep),
+    ledger.commit({"events": [R.event("retention", job_id=job_id, deleted=gone, kept=sorted(keep),
                                       policy=json.loads(policy.model_dump_json()))]})
     return gone

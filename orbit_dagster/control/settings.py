@@ -27,6 +27,9 @@ class Settings:
     aws_image_id: str | None = None
     # Proactive migration compares an offer's risk over windows of this many seconds.
     migration_window_s: float = 600.0
+    # The ledger's database: SQLite under the home by default; a team points every machine at
+    # one PostgreSQL (`postgresql+psycopg://USER@HOST:PORT/DB`, the password from PGPASSWORD).
+    ledger_url_setting: str | None = None
 
     @classmethod
     def from_env(cls, home: str | Path | None = None) -> "Settings":
@@ -42,6 +45,7 @@ class Settings:
             aws_endpoint_url=os.environ.get("ORBIT_AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL") or None,
             aws_image_id=os.environ.get("ORBIT_AWS_IMAGE_ID") or None,
             migration_window_s=float(os.environ.get("ORBIT_MIGRATION_WINDOW_S", 600)),
+            ledger_url_setting=os.environ.get("ORBIT_LEDGER_URL") or None,
         )
 
     @property
@@ -82,5 +86,9 @@ class Settings:
             return uri
         raise OrbitError(f"unknown checkpoint store {kind!r}", field="checkpoint.store", value=kind, fix="fs or s3")
 
+    @property
+    def ledger_url(self) -> str:
+        return self.ledger_url_setting or f"sqlite:///{self.ledger_dir / 'ledger.sqlite'}"
+
     def ledger(self) -> Ledger:
-        return Ledger.open(self.ledger_dir)
+        return Ledger.open(self.ledger_url, home=self.home)

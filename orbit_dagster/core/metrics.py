@@ -20,9 +20,11 @@ def resolve_primary_metric(
     experiment: tuple[str | None, str | None] | None,
     project: tuple[str | None, str | None] | None,
     available: Iterable[str] = (),
+    template: tuple[str | None, str | None] | None = None,
 ) -> PrimaryMetricChoice:
-    """experiment -> project -> global default (`eval/loss` min, else `eval/accuracy` max)."""
-    for level, pair in (("experiment", experiment), ("project", project)):
+    """A person's choice for the experiment -> for its project -> the experiment's template's
+    -> the global default (`eval/loss` min, else `eval/accuracy` max)."""
+    for level, pair in (("experiment", experiment), ("project", project), ("template", template)):
         if pair and pair[0]:
             return PrimaryMetricChoice(pair[0], (pair[1] or "min"), level)  # type: ignore[arg-type]
     names = set(available)

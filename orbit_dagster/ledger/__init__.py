@@ -1,4 +1,4 @@
-"""The ledger: DuckDB-queryable, append-only, safe with many writer processes."""
-from .store import Ledger, LedgerError, utcnow
+"""The ledger: a transactional store (SQLite or PostgreSQL) with DuckDB as its SQL face."""
+from .store import Ledger, LedgerError, as_datetime, epoch, utcnow
 
-__all__ = ["Ledger", "LedgerError", "utcnow"]
+__all__ = ["Ledger", "LedgerError", "as_datetime", "epoch", "utcnow"]

@@ -1,202 +1,205 @@
-"""Ledger tables: columns, key, and which row wins when a key repeats.
+"""Ledger tables, their keys and indexes, and the views people and the code read.
 
-Every table is append-only. A table's view keeps one row per key: the first one written
-("first": facts that never change, e.g. a checkpoint) or the last ("last": settings a
-person may change, e.g. an experiment's primary metric). State changes are their own
-rows (job_states, run_states), so history is never overwritten.
+The ledger is a transactional database (SQLite in WAL mode by default, PostgreSQL for a
+team), defined once here with SQLAlchemy so both get the same tables. Conventions:
+
+- every time is a float of seconds since the epoch, UTC (`*_at`, `ts`): the same type and the
+  same arithmetic on SQLite, PostgreSQL and DuckDB; `to_timestamp(x)` shows it as a time;
+- current state lives on the row it describes (`jobs.state`, `runs.state`,
+  `instances.stopped_at`, `checkpoints.deleted_at`, `evaluations.state`), updated in the same
+  transaction that appends its history (`job_states`, `run_states`, `events`), so the
+  control plane's questions ("which jobs are queued?") are index lookups whose cost does
+  not grow with history;
+- a retried write never makes a duplicate: each table says what a repeated key does
+  (`ignore`: facts that never change, e.g. a checkpoint; `update`: settings a person may
+  change, e.g. a primary metric; `append`: rows with a generated id).
+Changing anything here needs a new migration in `migrations.py`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pyarrow as pa
+import sqlalchemy as sa
 
-TS = pa.timestamp("us", tz="UTC")
-S = pa.string()
-F = pa.float64()
-I = pa.int64()
-B = pa.bool_()
+ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements INTEGER keys only
+T = sa.Text
+F = sa.Double
+I = sa.BigInteger
+
+
+def col(name: str, type_=T, **kw) -> sa.Column:
+    return sa.Column(name, type_, **kw)
+
+
+metadata = sa.MetaData()
 
 
 @dataclass(frozen=True)
-class Table:
-    name: str
-    columns: tuple[tuple[str, pa.DataType], ...]
+class TableSpec:
+    table: sa.Table
     key: tuple[str, ...]
-    keep: str = "first"  # or "last"
-    order: str = "_commit"  # column that orders rows of one key
+    on_conflict: str  # ignore | update | append
 
     @property
-    def schema(self) -> pa.Schema:
-        return pa.schema(list(self.columns))
+    def name(self) -> str:
+        return self.table.name
+
+    @property
+    def columns(self) -> list[str]:
+        return [c.name for c in self.table.columns]
 
 
-TABLES: dict[str, Table] = {
-    t.name: t
-    for t in [
-        Table("projects", (("project", S), ("primary_metric", S), ("primary_mode", S), ("created_at", TS)), ("project",), "last"),
-        Table(
-            "experiments",
-            (("experiment", S), ("project", S), ("primary_metric", S), ("primary_mode", S), ("created_at", TS)),
-            ("experiment",),
-            "last",
-        ),
-        Table(
-            "jobs",
-            (
-                ("job_id", S), ("template", S), ("template_version", I), ("kind", S), ("experiment", S),
-                ("project", S), ("placement", S), ("max_interruptions", I), ("created_at", TS),
-            ),
-            ("job_id",),
-        ),
-        Table(
-            "job_states",
-            (("job_id", S), ("attempt", I), ("state", S), ("reason", S), ("failure_class", S), ("detail", S), ("ts", TS)),
-            ("job_id", "attempt", "state"),
-        ),
-        Table(
-            "bundles",
-            (("bundle_hash", S), ("job_id", S), ("attempt", I), ("path", S), ("template_id", S), ("provenance", S), ("created_at", TS)),
-            ("bundle_hash", "job_id"),
-        ),
-        Table(
-            "runs",
-            (
-                ("run_id", S), ("job_id", S), ("attempt", I), ("bundle_hash", S), ("dagster_run_id", S),
-                ("instance_id", S), ("provider", S), ("offer_id", S), ("resume_from", S), ("handle", S),
-                ("imported", B), ("experiment", S), ("project", S), ("started_at", TS),
-            ),
-            ("run_id",),
-        ),
-        Table(
-            "run_states",
-            (("run_id", S), ("state", S), ("exit_code", I), ("failure_class", S), ("reason", S), ("ts", TS)),
-            ("run_id", "state"),
-        ),
-        Table(
-            "instances",
-            (
-                ("instance_id", S), ("provider", S), ("offer_id", S), ("instance_type", S), ("gpu", S),
-                ("gpu_count", I), ("region", S), ("zone", S), ("usd_per_second", F), ("spot", B),
-                ("purpose", S), ("job_id", S), ("run_id", S), ("checkpoint_key", S), ("gpu_slots", S),
-                ("handle", S), ("started_at", TS),
-            ),
-            ("instance_id",),
-        ),
-        Table("instance_stops", (("instance_id", S), ("stopped_at", TS), ("reason", S)), ("instance_id",)),
-        Table(
-            "checkpoints",
-            (
-                ("checkpoint_key", S), ("job_id", S), ("run_id", S), ("attempt", I), ("step", I), ("tier", S),
-                ("parent_key", S), ("uri", S), ("sha256", S), ("bytes", I), ("weights_sha256", S),
-                ("train_loss", F), ("save_seconds", F), ("created_at", TS), ("registered_at", TS),
-            ),
-            ("checkpoint_key",),
-        ),
-        Table("checkpoint_deletions", (("checkpoint_key", S), ("reason", S), ("ts", TS)), ("checkpoint_key",)),
-        Table(
-            "evaluations",
-            (
-                ("checkpoint_key", S), ("suite", S), ("job_id", S), ("metrics", S), ("instance_id", S),
-                ("dagster_run_id", S), ("seconds", F), ("created_at", TS),
-            ),
-            ("checkpoint_key", "suite"),
-            "last",
-        ),
-        Table(
-            "metric_points",
-            (
-                ("job_id", S), ("run_id", S), ("checkpoint_key", S), ("step", I), ("name", S), ("value", F),
-                ("source", S), ("ts", TS),
-            ),
-            ("run_id", "source", "name", "step", "checkpoint_key"),
-        ),
-        Table(
-            "events",
-            (("event_id", S), ("ts", TS), ("kind", S), ("job_id", S), ("run_id", S), ("instance_id", S), ("detail", S)),
-            ("event_id",),
-        ),
-        Table(
-            "price_ticks",
-            (("offer_id", S), ("ts", TS), ("usd_per_hour_spot", F), ("usd_per_hour_on_demand", F), ("source", S)),
-            ("offer_id", "ts"),
-        ),
-        Table(
-            "costs",
-            (
-                ("cost_id", S), ("instance_id", S), ("job_id", S), ("run_id", S), ("attempt", I),
-                ("checkpoint_key", S), ("kind", S), ("start_ts", TS), ("end_ts", TS), ("seconds", F),
-                ("usd_per_second", F), ("usd", F),
-            ),
-            ("cost_id",),
-        ),
-        Table(
-            "best_checkpoints",
-            (
-                ("experiment", S), ("checkpoint_key", S), ("metric_name", S), ("metric_mode", S),
-                ("metric_value", F), ("metric_source", S), ("candidates", I), ("evaluations", I),
-                ("computed_at", TS),
-            ),
-            ("experiment", "computed_at"),
-        ),
-        Table(
-            "decisions",
-            (("decision_id", S), ("job_id", S), ("attempt", I), ("kind", S), ("chosen", S), ("runner_up", S), ("inputs", S), ("ts", TS)),
-            ("decision_id",),
-        ),
-    ]
-}
+def _table(name: str, *columns: sa.Column, key: tuple[str, ...], on_conflict: str = "ignore",
+           indexes: tuple[tuple[str, ...], ...] = ()) -> TableSpec:
+    table = sa.Table(name, metadata, *columns,
+                     *(sa.Index(f"ix_{name}_{'_'.join(cols)}", *cols) for cols in indexes))
+    if on_conflict != "append":
+        table.append_constraint(sa.UniqueConstraint(*key, name=f"uq_{name}_key"))
+    return TableSpec(table, key, on_conflict)
 
-# Views over the tables, for people and for the code. Plain SQL: `orbit sql` and `duckdb
-# <ledger file>` see the same names.
+
+TABLES: dict[str, TableSpec] = {t.name: t for t in [
+    _table("projects", col("project", primary_key=True), col("primary_metric"), col("primary_mode"),
+           col("created_at", F), col("updated_at", F), key=("project",), on_conflict="ignore"),
+    _table("experiments", col("experiment", primary_key=True), col("project"),
+           col("primary_metric"), col("primary_mode"),  # set by a person; wins over the project's
+           col("template_metric"), col("template_mode"),  # from the first job's template; the fallback
+           col("created_at", F), col("updated_at", F), key=("experiment",), on_conflict="ignore",
+           indexes=(("project",),)),
+    _table("jobs", col("job_id", primary_key=True), col("template"), col("template_version", I), col("kind"),
+           col("experiment"), col("project"), col("placement"), col("max_interruptions", I),
+           col("imported", I, server_default="0"), col("created_at", F),
+           # the current state, its attempt and the lineage that attempt trains
+           col("state"), col("attempt", I), col("lineage"), col("reason"), col("failure_class"), col("detail"),
+           col("state_at", F), col("deadline_at", F),
+           key=("job_id",), indexes=(("state",), ("experiment",))),
+    _table("job_states", col("id", ID, primary_key=True, autoincrement=True), col("job_id"), col("attempt", I),
+           col("state"), col("reason"), col("failure_class"), col("detail"), col("ts", F),
+           key=("id",), on_conflict="append", indexes=(("job_id", "attempt"), ("state", "failure_class"))),
+    _table("bundles", col("job_id"), col("attempt", I), col("bundle_hash"), col("path"), col("template_id"),
+           col("provenance"), col("created_at", F),
+           sa.PrimaryKeyConstraint("job_id", "attempt"), key=("job_id", "attempt")),
+    _table("runs", col("run_id", primary_key=True), col("job_id"), col("attempt", I), col("lineage"),
+           col("bundle_hash"), col("dagster_run_id"), col("instance_id"), col("provider"), col("offer_id"),
+           col("resume_from"), col("handle"), col("imported", I, server_default="0"), col("experiment"),
+           col("project"), col("started_at", F),
+           col("state"), col("exit_code", I), col("failure_class"), col("reason"), col("state_at", F),
+           key=("run_id",), indexes=(("job_id", "attempt"), ("state",), ("offer_id", "state"))),
+    _table("run_states", col("id", ID, primary_key=True, autoincrement=True), col("run_id"), col("state"),
+           col("exit_code", I), col("failure_class"), col("reason"), col("ts", F),
+           key=("id",), on_conflict="append", indexes=(("run_id",),)),
+    _table("instances", col("instance_id", primary_key=True), col("provider"), col("offer_id"),
+           col("instance_type"), col("gpu"), col("gpu_count", I), col("region"), col("zone"),
+           col("usd_per_second", F), col("spot", I), col("purpose"), col("job_id"), col("run_id"),
+           col("checkpoint_key"), col("suite"), col("gpu_slots"), col("handle"), col("dagster_run_id"),
+           col("started_at", F), col("stopped_at", F), col("stop_reason"), col("billed_usd", F),
+           key=("instance_id",), indexes=(("job_id",), ("stopped_at",), ("offer_id",), ("run_id",))),
+    _table("checkpoints", col("checkpoint_key", primary_key=True), col("job_id"), col("experiment"),
+           col("run_id"), col("attempt", I), col("lineage"), col("step", I), col("tier"), col("parent_key"),
+           col("uri"), col("sha256"), col("bytes", I), col("weights_sha256"), col("train_loss", F),
+           col("save_seconds", F), col("created_at", F), col("registered_at", F),
+           col("deleted_at", F), col("deleted_reason"),
+           key=("checkpoint_key",),
+           indexes=(("job_id", "step"), ("lineage", "step"), ("experiment",), ("registered_at",), ("uri",))),
+    # One row per (checkpoint, suite): the request and, once done, its result. `state` is
+    # PENDING -> RUNNING -> SUCCEEDED | FAILED (| SKIPPED when the checkpoint is gone).
+    _table("evaluations", col("checkpoint_key"), col("suite"), col("job_id"), col("experiment"), col("state"),
+           col("tries", I, server_default="0"), col("metrics"), col("instance_id"), col("dagster_run_id"),
+           col("seconds", F), col("reason"), col("requested_at", F), col("started_at", F), col("finished_at", F),
+           sa.PrimaryKeyConstraint("checkpoint_key", "suite"), key=("checkpoint_key", "suite"),
+           indexes=(("state",), ("job_id",), ("experiment", "state"), ("finished_at",))),
+    _table("metric_points", col("id", ID, primary_key=True, autoincrement=True), col("job_id"), col("experiment"),
+           col("run_id"), col("checkpoint_key"), col("suite"), col("step", I), col("name"), col("value", F),
+           col("source"), col("ts", F),
+           sa.UniqueConstraint("run_id", "source", "name", "step", name="uq_metric_points_key"),
+           key=("id",), on_conflict="append",
+           indexes=(("job_id", "name", "step"), ("experiment", "source", "name", "value"), ("checkpoint_key",))),
+    _table("events", col("event_id", primary_key=True), col("ts", F), col("kind"), col("job_id"), col("run_id"),
+           col("instance_id"), col("checkpoint_key"), col("detail"),
+           key=("event_id",), indexes=(("kind", "job_id"), ("run_id", "kind"), ("instance_id", "kind"),
+                                       ("job_id", "ts"))),
+    _table("price_ticks", col("offer_id"), col("ts", F), col("usd_per_hour_spot", F),
+           col("usd_per_hour_on_demand", F), col("source"),
+           sa.PrimaryKeyConstraint("offer_id", "ts"), key=("offer_id", "ts")),
+    # The bill of one instance, split into lines that sum to it: `train` (attributed to the
+    # checkpoint it led to), `wasted` (work after the last checkpoint of a lost attempt),
+    # `overhead` (boot, waiting, shutdown), `eval` (attributed to the evaluated checkpoint).
+    _table("costs", col("cost_id", primary_key=True), col("instance_id"), col("job_id"), col("run_id"),
+           col("attempt", I), col("checkpoint_key"), col("suite"), col("kind"), col("start_at", F),
+           col("end_at", F), col("seconds", F), col("gpu_count", I), col("usd_per_second", F), col("usd", F),
+           key=("cost_id",), indexes=(("job_id",), ("instance_id",), ("checkpoint_key",))),
+    _table("best_checkpoints", col("experiment"), col("computed_at", F), col("checkpoint_key"), col("metric_name"),
+           col("metric_mode"), col("metric_value", F), col("metric_source"), col("resolved_from"),
+           col("candidates", I), col("evaluations", I),
+           sa.PrimaryKeyConstraint("experiment", "computed_at"), key=("experiment", "computed_at")),
+    _table("decisions", col("decision_id", primary_key=True), col("job_id"), col("attempt", I), col("kind"),
+           col("chosen"), col("runner_up"), col("inputs"), col("ts", F),
+           key=("decision_id",), indexes=(("job_id", "kind"),)),
+]}
+
+# Portable SQL (SQLite, PostgreSQL and DuckDB parse it alike): `{now}` is the dialect's
+# "seconds since the epoch, now". The control plane, `orbit sql` and `duckdb` see the same
+# names. Cost views are built from `costs`, whose lines sum to each instance's bill, so
+# every cost view sums to the bill too; money is never NULL (never NaN in pandas).
 VIEWS: dict[str, str] = {
-    # Who a checkpoint belongs to: a job, or a run imported without one.
-    "owners": """
-        SELECT job_id, experiment, project, false AS imported FROM jobs
-        UNION ALL
-        SELECT job_id, any_value(experiment), any_value(project), true FROM runs
-        WHERE imported AND job_id NOT IN (SELECT job_id FROM jobs) GROUP BY job_id""",
-    "job_status": """
-        SELECT j.*, s.state, s.attempt, s.reason, s.failure_class, s.detail, s.ts AS state_ts
-        FROM jobs j
-        LEFT JOIN (
-            SELECT * FROM job_states QUALIFY row_number() OVER (PARTITION BY job_id ORDER BY ts DESC, _commit DESC) = 1
-        ) s USING (job_id)""",
-    "run_status": """
-        SELECT r.*, s.state, s.exit_code, s.failure_class, s.reason, s.ts AS state_ts
-        FROM runs r
-        LEFT JOIN (
-            SELECT * FROM run_states QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY ts DESC, _commit DESC) = 1
-        ) s USING (run_id)""",
+    "live_checkpoints": "SELECT * FROM checkpoints WHERE deleted_at IS NULL",
     "instance_usage": """
-        SELECT i.*, x.stopped_at, x.reason AS stop_reason,
-               epoch(coalesce(x.stopped_at, now()) - i.started_at) AS seconds,
-               epoch(coalesce(x.stopped_at, now()) - i.started_at) * i.usd_per_second AS usd,
-               x.stopped_at IS NULL AS running
-        FROM instances i LEFT JOIN instance_stops x USING (instance_id)""",
-    "live_checkpoints": """
-        SELECT c.* FROM checkpoints c ANTI JOIN checkpoint_deletions d USING (checkpoint_key)""",
+        SELECT i.*, coalesce(i.stopped_at, {now}) - i.started_at AS seconds,
+               (coalesce(i.stopped_at, {now}) - i.started_at) * i.usd_per_second AS usd,
+               CASE WHEN i.stopped_at IS NULL THEN 1 ELSE 0 END AS running
+        FROM instances i""",
     "cost_by_job": """
         SELECT c.job_id, j.experiment, j.project,
-               sum(c.usd) AS usd, sum(c.seconds) AS instance_seconds,
-               sum(c.usd) FILTER (WHERE c.kind = 'wasted') AS wasted_usd,
-               sum(c.seconds * greatest(i.gpu_count, 1)) FILTER (WHERE c.kind = 'wasted') AS wasted_gpu_seconds,
-               sum(c.usd) FILTER (WHERE c.kind = 'eval') AS eval_usd,
-               count(DISTINCT c.attempt) FILTER (WHERE c.kind <> 'eval') AS attempts
-        FROM costs c LEFT JOIN owners j USING (job_id) LEFT JOIN instances i USING (instance_id)
-        GROUP BY ALL ORDER BY usd DESC""",
+               coalesce(sum(c.usd), 0) AS usd,
+               coalesce(sum(CASE WHEN c.kind = 'train' THEN c.usd END), 0) AS train_usd,
+               coalesce(sum(CASE WHEN c.kind = 'eval' THEN c.usd END), 0) AS eval_usd,
+               coalesce(sum(CASE WHEN c.kind = 'wasted' THEN c.usd END), 0) AS wasted_usd,
+               coalesce(sum(CASE WHEN c.kind = 'overhead' THEN c.usd END), 0) AS overhead_usd,
+               coalesce(sum(c.seconds), 0) AS instance_seconds,
+               coalesce(sum(CASE WHEN c.kind = 'wasted' THEN c.seconds * c.gpu_count END), 0) AS wasted_gpu_seconds,
+               count(DISTINCT CASE WHEN c.kind <> 'eval' THEN c.attempt END) AS attempts
+        FROM costs c LEFT JOIN jobs j ON j.job_id = c.job_id
+        GROUP BY c.job_id, j.experiment, j.project""",
     "cost_by_experiment": """
-        SELECT experiment, project, sum(usd) AS usd, sum(wasted_usd) AS wasted_usd,
+        SELECT experiment, project, sum(usd) AS usd, sum(train_usd) AS train_usd, sum(eval_usd) AS eval_usd,
+               sum(wasted_usd) AS wasted_usd, sum(overhead_usd) AS overhead_usd,
                sum(wasted_gpu_seconds) AS wasted_gpu_seconds, count(*) AS jobs
-        FROM cost_by_job GROUP BY ALL ORDER BY usd DESC""",
+        FROM cost_by_job GROUP BY experiment, project""",
+    # One line per checkpoint (its training and its evaluations), and per job one line for
+    # each of wasted and overhead: the lines sum to the bill.
     "cost_by_checkpoint": """
-        SELECT c.checkpoint_key, any_value(c.job_id) AS job_id,
-               sum(c.usd) FILTER (WHERE c.kind = 'train') AS train_usd,
-               sum(c.usd) FILTER (WHERE c.kind = 'eval') AS eval_usd,
-               sum(c.usd) AS usd, sum(c.seconds) AS seconds
-        FROM costs c WHERE c.checkpoint_key IS NOT NULL
-        GROUP BY c.checkpoint_key ORDER BY c.checkpoint_key""",
+        SELECT c.job_id, coalesce(c.checkpoint_key, '(' || c.kind || ')') AS line,
+               c.checkpoint_key,
+               coalesce(sum(CASE WHEN c.kind = 'train' THEN c.usd END), 0) AS train_usd,
+               coalesce(sum(CASE WHEN c.kind = 'eval' THEN c.usd END), 0) AS eval_usd,
+               coalesce(sum(CASE WHEN c.kind = 'wasted' THEN c.usd END), 0) AS wasted_usd,
+               coalesce(sum(CASE WHEN c.kind = 'overhead' THEN c.usd END), 0) AS overhead_usd,
+               coalesce(sum(c.usd), 0) AS usd, coalesce(sum(c.seconds), 0) AS seconds
+        FROM costs c
+        GROUP BY c.job_id, coalesce(c.checkpoint_key, '(' || c.kind || ')'), c.checkpoint_key""",
     "current_best": """
-        SELECT * FROM best_checkpoints
-        QUALIFY row_number() OVER (PARTITION BY experiment ORDER BY computed_at DESC, _commit DESC) = 1""",
+        SELECT b.* FROM best_checkpoints b
+        WHERE b.computed_at = (SELECT max(x.computed_at) FROM best_checkpoints x WHERE x.experiment = b.experiment)""",
+    # The resume chain of every checkpoint: one row per (checkpoint, ancestor, depth).
+    "checkpoint_lineage": """
+        WITH RECURSIVE chain(checkpoint_key, ancestor_key, depth) AS (
+            SELECT checkpoint_key, checkpoint_key, 0 FROM checkpoints
+            UNION ALL
+            SELECT chain.checkpoint_key, c.parent_key, chain.depth + 1
+            FROM chain JOIN checkpoints c ON c.checkpoint_key = chain.ancestor_key
+            WHERE c.parent_key IS NOT NULL AND chain.depth < 10000
+        )
+        SELECT chain.checkpoint_key, chain.depth, a.checkpoint_key AS ancestor_key, a.attempt, a.step, a.tier,
+               a.lineage, a.sha256
+        FROM chain JOIN checkpoints a ON a.checkpoint_key = chain.ancestor_key""",
 }
+
+NOW_EPOCH = {
+    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
+    "postgresql": "extract(epoch from now())",
+    "duckdb": "epoch(now())",
+}
+
+
+def view_sql(name: str, dialect: str) -> str:
+    return VIEWS[name].replace("{now}", NOW_EPOCH[dialect])

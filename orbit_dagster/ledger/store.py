@@ -1,245 +1,282 @@
-"""The ledger on disk: immutable Parquet commits, read through DuckDB views.
+"""The ledger on a transactional store: SQLite (WAL, durable commits) or PostgreSQL.
 
-DuckDB allows one read-write process per file, and Dagster runs every run and the daemon
-in processes of their own. So no process ever holds a database file for writing: a
-writer turns a batch of rows (possibly for several tables) into one commit directory,
-written under a temporary name and renamed into place, which is atomic. Readers query
-views over `segments/c-*/<table>.parquet`. The file `ledger.duckdb` holds the same views
-for people (`duckdb .orbit/ledger/ledger.duckdb`); our processes read through in-memory
-connections and never lock it.
+Every process (the daemon's sensors, each Dagster run, the CLI) opens the same database;
+the database, not this code, makes concurrent writes safe. A write is one transaction:
+`commit()` inserts a batch of rows for several tables atomically, and `write()` gives a
+transaction in which a process can read, check and then write (on SQLite it takes the
+write lock up front, `BEGIN IMMEDIATE`; on PostgreSQL rows read `FOR UPDATE` are locked).
+
+SQL is written once, with `?` placeholders, in the subset SQLite, PostgreSQL and DuckDB
+share (see `schema.py` for the conventions). The DuckDB SQL face for people is `face.py`.
 """
 from __future__ import annotations
 
-import fcntl
-import json
 import os
-import shutil
+import re
 import threading
-import time
-import uuid
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
-import duckdb
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
+import sqlalchemy as sa
 
 from ..core.errors import OrbitError
-from .schema import TABLES, VIEWS
+from .schema import TABLES
 
-SCHEMA_COMMIT = "c-0000000000000000000-schema"
+SQLITE_BUSY_TIMEOUT_S = 30.0
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def epoch(value: Any) -> Any:
+    """A datetime as seconds since the epoch (what the ledger stores); anything else unchanged."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value.timestamp()
+    return value
+
+
+def as_datetime(value: float | datetime | None) -> datetime | None:
+    """A ledger time (seconds since the epoch) as an aware UTC datetime."""
+    if value is None or isinstance(value, datetime):
+        return value
+    return datetime.fromtimestamp(float(value), timezone.utc)
+
+
 class LedgerError(OrbitError):
     pass
 
 
-class Ledger:
-    """Append-only, multi-process-safe ledger rooted at a directory."""
+_PLACEHOLDER = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"])*\"|\?")
 
-    _open: dict[tuple[int, Path], "Ledger"] = {}
+
+@lru_cache(maxsize=2048)
+def _named(sql: str) -> tuple[str, int]:
+    """`?` placeholders (outside quotes) -> `:p0, :p1, ...` for SQLAlchemy; and their count."""
+    count = 0
+
+    def repl(m: re.Match) -> str:
+        nonlocal count
+        if m.group(0) != "?":
+            return m.group(0)
+        count += 1
+        return f":p{count - 1}"
+
+    return _PLACEHOLDER.sub(repl, sql), count
+
+
+def _params(sql: str, params: list | tuple | dict | None) -> tuple[sa.TextClause, dict]:
+    if isinstance(params, dict):
+        return sa.text(sql), {k: epoch(v) for k, v in params.items()}
+    named, count = _named(sql)
+    values = list(params or [])
+    if len(values) != count:
+        raise LedgerError(f"query has {count} placeholders but {len(values)} values", field="params")
+    return sa.text(named), {f"p{i}": epoch(v) for i, v in enumerate(values)}
+
+
+def _bind_row(spec, row: dict) -> dict:
+    known = spec.columns
+    extra = set(row) - set(known)
+    if extra:
+        raise LedgerError(f"table {spec.name}: unknown column(s) {sorted(extra)}", field=spec.name,
+                          value=sorted(extra), fix=f"columns are: {', '.join(known)}")
+    out = {}
+    for c in known:
+        if c not in row:
+            continue
+        v = row[c]
+        out[c] = int(v) if isinstance(v, bool) else epoch(v)
+    return out
+
+
+class Tx:
+    """One transaction: read, check, write; committed on leaving the `with`, rolled back on error."""
+
+    def __init__(self, conn: sa.Connection, dialect: str):
+        self.conn, self.dialect = conn, dialect
+
+    @property
+    def for_update(self) -> str:
+        """Appended to a SELECT whose rows this transaction goes on to change."""
+        return " FOR UPDATE" if self.dialect == "postgresql" else ""
+
+    def execute(self, sql: str, params: list | tuple | dict | None = None) -> int:
+        text, values = _params(sql, params)
+        return self.conn.execute(text, values).rowcount
+
+    def rows(self, sql: str, params: list | tuple | dict | None = None) -> list[dict[str, Any]]:
+        text, values = _params(sql, params)
+        return [dict(r) for r in self.conn.execute(text, values).mappings()]
+
+    def one(self, sql: str, params: list | tuple | dict | None = None) -> dict[str, Any] | None:
+        rows = self.rows(sql, params)
+        return rows[0] if rows else None
+
+    def scalar(self, sql: str, params: list | tuple | dict | None = None) -> Any:
+        text, values = _params(sql, params)
+        return self.conn.execute(text, values).scalar()
+
+    def insert(self, table: str, rows: list[dict[str, Any]]) -> int:
+        """Insert rows; a repeated key is ignored or updates the row, as the table says.
+        Returns how many rows were new (or updated)."""
+        if not rows:
+            return 0
+        if table not in TABLES:
+            raise LedgerError(f"unknown ledger table {table!r}", field="table", value=table,
+                              fix=f"use one of {sorted(TABLES)}")
+        spec = TABLES[table]
+        bound = [_bind_row(spec, r) for r in rows]
+        written = 0
+        # Rows with the same columns go in one statement (executemany).
+        groups: dict[tuple[str, ...], list[dict]] = {}
+        for r in bound:
+            groups.setdefault(tuple(r), []).append(r)
+        for cols, batch in groups.items():
+            sql = _insert_sql(spec.name, cols, spec.key, spec.on_conflict)
+            result = self.conn.execute(sa.text(sql), batch)
+            written += max(result.rowcount, 0)
+        return written
+
+
+@lru_cache(maxsize=512)
+def _insert_sql(table: str, cols: tuple[str, ...], key: tuple[str, ...], on_conflict: str) -> str:
+    names = ", ".join(cols)
+    values = ", ".join(f":{c}" for c in cols)
+    sql = f"INSERT INTO {table} ({names}) VALUES ({values})"
+    if on_conflict == "append":
+        return sql
+    target = ", ".join(key)
+    updates = [c for c in cols if c not in key]
+    if on_conflict == "update" and updates:
+        return sql + f" ON CONFLICT ({target}) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in updates)
+    return sql + f" ON CONFLICT ({target}) DO NOTHING"
+
+
+def _sqlite_engine(path: Path) -> sa.Engine:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S,
+                                                                 "check_same_thread": False})
+
+    @sa.event.listens_for(engine, "connect")
+    def _connect(dbapi_con, _record) -> None:
+        # Transactions are ours (BEGIN below), not the driver's implicit ones.
+        dbapi_con.isolation_level = None
+        cur = dbapi_con.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")  # readers never block the writer, nor it them
+        cur.execute("PRAGMA synchronous=FULL")  # a commit survives a power cut
+        cur.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _begin(conn) -> None:
+        # A write takes the lock first: two writers that each read-then-write never
+        # deadlock on a lock upgrade, they queue.
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("orbit_write") else "BEGIN")
+
+    return engine
+
+
+class Ledger:
+    """The ledger: one database, reached by URL (`sqlite:///...` or `postgresql+psycopg://...`)."""
+
+    _open: dict[tuple[int, str], "Ledger"] = {}
+    _open_lock = threading.Lock()
+
+    def __init__(self, url: str, *, home: Path | None = None):
+        self.url = url
+        self.home = Path(home) if home else None
+        self.dialect = sa.engine.make_url(url).get_backend_name()
+        if self.dialect == "sqlite":
+            self.path: Path | None = Path(sa.engine.make_url(url).database or "").resolve()
+            self.engine = _sqlite_engine(self.path)
+        elif self.dialect == "postgresql":
+            self.path = None
+            self.engine = sa.create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=8)
+        else:
+            raise LedgerError(f"unsupported ledger database {self.dialect!r}", field="ORBIT_LEDGER_URL", value=url,
+                              fix="use sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB")
 
     @classmethod
-    def open(cls, root: Path | str) -> "Ledger":
-        """The ledger at `root`, initialised, shared within this process (its per-thread
-        connections, whose views cost ~10x a query to define, are then reused)."""
-        key = (os.getpid(), Path(root).expanduser().resolve())
-        if key not in cls._open:
-            cls._open[key] = cls(key[1]).init()
-        return cls._open[key]
+    def open(cls, url: str, *, home: Path | None = None) -> "Ledger":
+        """The ledger at `url`, migrated to this code's schema, shared within this process."""
+        key = (os.getpid(), url)
+        with cls._open_lock:
+            if key not in cls._open:
+                ledger = cls(url, home=home)
+                from .face import write_people_catalog
+                from .migrations import LATEST, migrate
 
-    def __init__(self, root: Path | str):
-        self.root = Path(root).expanduser().resolve()
-        self.segments = self.root / "segments"
-        self.catalog_path = self.root / "ledger.duckdb"
-        self._ready = False
-        self._local = threading.local()
+                before = migrate(ledger)
+                if ledger.path is not None and (before < LATEST or not ledger.path.with_name("ledger.duckdb").exists()):
+                    write_people_catalog(ledger)
+                cls._open[key] = ledger
+            return cls._open[key]
 
-    # ---- set-up -------------------------------------------------------------------
-    def init(self) -> "Ledger":
-        """Create the directory, the empty schema commit and the catalog file (idempotent)."""
-        if self._ready:
-            return self
-        self.segments.mkdir(parents=True, exist_ok=True)
-        schema_dir = self.segments / SCHEMA_COMMIT
-        missing = [t for t in TABLES.values() if not (schema_dir / f"{t.name}.parquet").exists()]
-        if missing:
-            # The schema commit gives every table at least one (empty) file, so a view over a
-            # table nobody wrote yet is empty rather than an error. New tables in a later
-            # version are added to it; Parquet files are only ever added.
-            with self._lock("schema"):
-                schema_dir.mkdir(exist_ok=True)
-                for t in missing:
-                    self._write_parquet(schema_dir / f"{t.name}.parquet", pa.Table.from_pylist([], schema=t.schema))
-        self._refresh_catalog()
-        self._ready = True
-        return self
+    @property
+    def display(self) -> str:
+        """Where the ledger is, without any password."""
+        return str(self.path) if self.path else sa.engine.make_url(self.url).render_as_string(hide_password=True)
+
+    # ---- transactions -------------------------------------------------------------
+    @contextmanager
+    def write(self) -> Iterator[Tx]:
+        """A write transaction (the database's write lock on SQLite, row locks on PostgreSQL)."""
+        with self.engine.connect().execution_options(orbit_write=True) as conn:
+            with conn.begin():
+                yield Tx(conn, self.dialect)
 
     @contextmanager
-    def lock(self, name: str) -> Iterator[None]:
-        """An exclusive lock across processes of this machine (check-then-write sections)."""
-        with self._lock(name):
-            yield
+    def read(self) -> Iterator[Tx]:
+        """A read transaction: every query in it sees the same snapshot."""
+        with self.engine.connect() as conn:
+            with conn.begin():
+                yield Tx(conn, self.dialect)
 
-    @contextmanager
-    def _lock(self, name: str) -> Iterator[None]:
-        lock_dir = self.root / "locks"
-        lock_dir.mkdir(parents=True, exist_ok=True)
-        with open(lock_dir / f"{name}.lock", "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+    def commit(self, rows: dict[str, list[dict[str, Any]]]) -> int:
+        """Insert rows for one or more tables in one transaction; returns rows written."""
+        batches = {t: b for t, b in rows.items() if b}
+        if not batches:
+            return 0
+        with self.write() as tx:
+            return sum(tx.insert(t, b) for t, b in batches.items())
 
-    def _refresh_catalog(self) -> None:
-        """(Re)create the views in ledger.duckdb for people; skipped while someone holds it open."""
-        stamp = self.root / ".catalog-version"
-        want = json.dumps({"root": str(self.root), "tables": sorted(TABLES), "views": VIEWS}, sort_keys=True)
-        if self.catalog_path.exists() and stamp.exists() and stamp.read_text() == want:
-            return
-        with self._lock("catalog"):
-            try:
-                con = duckdb.connect(str(self.catalog_path))
-            except duckdb.IOException:
-                return  # a person has it open; the views there are still valid for them
-            try:
-                self._create_views(con)
-            finally:
-                con.close()
-            stamp.write_text(want)
-
-    def _create_views(self, con: duckdb.DuckDBPyConnection) -> None:
-        for t in TABLES.values():
-            glob = str(self.segments / "c-*" / f"{t.name}.parquet").replace("'", "''")
-            cols = ", ".join(name for name, _ in t.columns)
-            key = ", ".join(t.key)
-            direction = "ASC" if t.keep == "first" else "DESC"
-            con.execute(
-                f"""CREATE OR REPLACE VIEW {t.name} AS
-                SELECT {cols}, _commit FROM (
-                    SELECT * EXCLUDE (filename), filename AS _commit
-                    FROM read_parquet('{glob}', union_by_name = true, filename = true)
-                ) QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY _commit {direction}) = 1"""
-            )
-        for name, sql in VIEWS.items():
-            con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
-
-    # ---- writing ------------------------------------------------------------------
-    @staticmethod
-    def _write_parquet(path: Path, table: pa.Table) -> None:
-        pq.write_table(table, path, compression="zstd")
-
-    def commit(self, rows: dict[str, list[dict[str, Any]]]) -> str | None:
-        """Write rows for one or more tables atomically; returns the commit name."""
-        self.init()
-        rows = {name: batch for name, batch in rows.items() if batch}
-        if not rows:
-            return None
-        tables: dict[str, pa.Table] = {}
-        for name, batch in rows.items():
-            if name not in TABLES:
-                raise LedgerError(f"unknown ledger table {name!r}", field="table", value=name, fix=f"use one of {sorted(TABLES)}")
-            spec = TABLES[name]
-            known = {c for c, _ in spec.columns}
-            for row in batch:
-                extra = set(row) - known
-                if extra:
-                    raise LedgerError(f"table {name}: unknown column(s) {sorted(extra)}", field=name, value=sorted(extra))
-            tables[name] = pa.Table.from_pylist([{c: row.get(c) for c in known} for row in batch], schema=spec.schema)
-        # time_ns first so that commit names sort in write order; pid+uuid keep them unique.
-        commit = f"c-{time.time_ns():019d}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp = self.segments / f"tmp-{commit}"
-        tmp.mkdir()
-        try:
-            for name, table in tables.items():
-                self._write_parquet(tmp / f"{name}.parquet", table)
-            tmp.rename(self.segments / commit)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return commit
-
-    def append(self, table: str, *rows: dict[str, Any]) -> str | None:
+    def append(self, table: str, *rows: dict[str, Any]) -> int:
         return self.commit({table: list(rows)})
 
-    # ---- reading ------------------------------------------------------------------
-    @contextmanager
-    def connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """An in-memory DuckDB connection with every table and view defined.
+    # ---- reads (each its own snapshot) --------------------------------------------
+    def rows(self, sql: str, params: list | tuple | dict | None = None) -> list[dict[str, Any]]:
+        with self.read() as tx:
+            return tx.rows(sql, params)
 
-        The views read the Parquet commits at query time, so one connection per thread
-        (DuckDB connections are not shared across threads) serves every later query and
-        sees every later commit; defining the views costs ~10x a query, so it is kept.
-        """
-        self.init()
-        con = getattr(self._local, "con", None)
-        if con is None or getattr(self._local, "pid", None) != os.getpid():
-            con = duckdb.connect(":memory:")
-            self._create_views(con)
-            self._local.con, self._local.pid = con, os.getpid()
-        yield con
+    def one(self, sql: str, params: list | tuple | dict | None = None) -> dict[str, Any] | None:
+        with self.read() as tx:
+            return tx.one(sql, params)
 
-    def query(self, sql: str, params: list | dict | None = None) -> pd.DataFrame:
-        with self.connect() as con:
-            return con.execute(sql, params or []).df()
+    def scalar(self, sql: str, params: list | tuple | dict | None = None) -> Any:
+        with self.read() as tx:
+            return tx.scalar(sql, params)
 
-    def rows(self, sql: str, params: list | dict | None = None) -> list[dict[str, Any]]:
-        with self.connect() as con:
-            cur = con.execute(sql, params or [])
-            names = [d[0] for d in cur.description]
-            return [dict(zip(names, r)) for r in cur.fetchall()]
+    def frame(self, sql: str, params: list | tuple | dict | None = None):
+        """A query's rows as a pandas DataFrame (columns in the query's order)."""
+        import pandas as pd
 
-    def scalar(self, sql: str, params: list | dict | None = None) -> Any:
-        with self.connect() as con:
-            row = con.execute(sql, params or []).fetchone()
-            return None if row is None else row[0]
+        with self.read() as tx:
+            text, values = _params(sql, params)
+            result = tx.conn.execute(text, values)
+            return pd.DataFrame(result.fetchall(), columns=list(result.keys()))
 
-    def segment_count(self) -> int:
-        return sum(1 for p in self.segments.glob("c-*"))
+    # ---- the DuckDB face ----------------------------------------------------------
+    def query(self, sql: str):
+        """A read-only query through the DuckDB SQL face (what people and notebooks use)."""
+        from .face import face_query
 
-    # ---- maintenance --------------------------------------------------------------
-    def compact(self) -> int:
-        """Merge all commits into one, atomically. Returns how many commits were merged.
+        return face_query(self, sql)
 
-        Readers glob the commit directories, so between the rename of the merged commit
-        and the removal of the old ones a reader could see rows twice; every table view
-        keeps one row per key, which makes that window harmless.
-        """
-        self.init()
-        with self._lock("compact"):
-            olds = sorted(p for p in self.segments.glob("c-*") if p.name != SCHEMA_COMMIT)
-            if len(olds) < 2:
-                return 0
-            last = olds[-1].name
-            merged_name = f"{last}-m"
-            tmp = self.segments / f"tmp-{merged_name}"
-            tmp.mkdir()
-            con = duckdb.connect(":memory:")
-            try:
-                for t in TABLES.values():
-                    files = [str(p / f"{t.name}.parquet") for p in olds if (p / f"{t.name}.parquet").exists()]
-                    if not files:
-                        continue
-                    cols = ", ".join(name for name, _ in t.columns)
-                    key = ", ".join(t.key)
-                    direction = "ASC" if t.keep == "first" else "DESC"
-                    arrow = con.sql(
-                        f"""SELECT {cols} FROM (SELECT *, filename AS _c FROM read_parquet(?, union_by_name=true, filename=true))
-                        QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY _c {direction}) = 1 ORDER BY _c""",
-                        params=[files],
-                    ).to_arrow_table()
-                    self._write_parquet(tmp / f"{t.name}.parquet", arrow.cast(t.schema))
-            finally:
-                con.close()
-            tmp.rename(self.segments / merged_name)
-            for p in olds:
-                shutil.rmtree(p, ignore_errors=True)
-            return len(olds)
+    def dispose(self) -> None:
+        self.engine.dispose()

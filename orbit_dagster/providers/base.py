@@ -36,7 +36,9 @@ class LaunchSpec(BaseModel):
     attempt: int = 1
     store_uri: str
     resume_from: str | None = None
+    resume_sha256: str | None = None  # what the ledger recorded: the host refuses other bytes
     eval_checkpoint: str | None = None
+    eval_sha256: str | None = None
     checkpoint_every: int | None = None
     memory_every: int | None = None
     probe: bool = False

@@ -14,8 +14,12 @@ def agent_argv(python: str, bundle: Path, workdir: Path, spec: LaunchSpec, metad
             "--task", spec.task, "--attempt", str(spec.attempt), "--store", spec.store_uri]
     if spec.resume_from:
         argv += ["--resume-from", spec.resume_from]
+        if spec.resume_sha256:
+            argv += ["--expect-sha256", spec.resume_sha256]
     if spec.eval_checkpoint:
         argv += ["--checkpoint", spec.eval_checkpoint]
+        if spec.eval_sha256:
+            argv += ["--expect-sha256", spec.eval_sha256]
     if spec.checkpoint_every:
         argv += ["--checkpoint-every", str(spec.checkpoint_every)]
     if spec.memory_every:

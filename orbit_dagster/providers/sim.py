@@ -255,7 +255,12 @@ class SimProvider:
                     last_step=exit_info.get("last_step"),
                 )
             rc = int(child_exit["returncode"])
-            return RunStatus(state="exited", exit_code=rc, failure_class="crash", reason=f"agent ended without an exit file (rc {rc})")
+            if rc < 0 or rc >= 128:  # killed by a signal from outside before it could write exit.json
+                sig = -rc if rc < 0 else rc - 128
+                return RunStatus(state="lost", failure_class="reclaim",
+                                 reason=f"the agent was killed by signal {sig} from outside (no exit file)")
+            return RunStatus(state="exited", exit_code=rc, failure_class="infrastructure",
+                             reason=f"agent ended without an exit file (rc {rc})")
         if not self.instance_alive(run.instance):
             return RunStatus(state="lost", failure_class="reclaim", reason=state.get("reason") or "host lost (no heartbeat)")
         return RunStatus(state="running" if (d / "child.json").exists() else "starting")

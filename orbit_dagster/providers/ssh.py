@@ -83,7 +83,7 @@ def run_status(snap: dict) -> RunStatus:
             return RunStatus(state="lost", failure_class="reclaim",
                              reason=f"the agent was killed by signal {sig} from outside (no exit file)")
         why = wx.get("error") or f"rc {rc}"
-        return RunStatus(state="exited", exit_code=rc, failure_class="crash",
+        return RunStatus(state="exited", exit_code=rc, failure_class="infrastructure",
                          reason=f"agent ended without an exit file ({why})")
     if snap.get("wrapper_alive") or snap.get("agent_alive"):
         return RunStatus(state="running" if snap.get("agent_pid") else "starting")

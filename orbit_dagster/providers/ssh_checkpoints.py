@@ -61,7 +61,7 @@ def remote_dir_of(event: dict, host_store_uri: str) -> str:
     rel = PurePosixPath(remote).relative_to(base) if remote.startswith(base + "/") else None  # after normpath: no ..
     if rel is None or len(rel.parts) != 2 or not _JOB.match(rel.parts[0]):
         raise _bad(f"checkpoint uri {event.get('uri')!r} is not under the host's store {host_store_uri}")
-    if rel.parts[1] != checkpoint_dir_name(int(event.get("step", -1))):
+    if rel.parts[1] != checkpoint_dir_name(int(event.get("step", -1)), int(event.get("attempt") or 0)):
         raise _bad(f"checkpoint uri {event.get('uri')!r} does not match its step {event.get('step')}")
     return posixpath.join(base, *rel.parts)
 

@@ -27,6 +27,7 @@ EXIT_OOM = 3
 EXIT_DIVERGED = 4
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on purpose after an emergency checkpoint
 EXIT_BUNDLE = 65  # EX_DATAERR: the bundle does not match its manifest
+EXIT_INFRA = 74  # EX_IOERR: disk full, I/O or network error, a checkpoint that fails its check
 
 FAILURE_CLASS = {
     EXIT_OK: None,
@@ -35,7 +36,10 @@ FAILURE_CLASS = {
     EXIT_DIVERGED: "divergence",
     EXIT_PREEMPTED: "reclaim",
     EXIT_BUNDLE: "user_error",
+    EXIT_INFRA: "infrastructure",
 }
+# errno values that mean the platform failed, not the workload (see core/failures.py).
+INFRA_ERRNOS = {28, 122, 5, 30, 101, 104, 110, 113}  # ENOSPC EDQUOT EIO EROFS ENETUNREACH ECONNRESET ETIMEDOUT EHOSTUNREACH
 
 
 def _sha256(path: Path) -> str:
@@ -95,8 +99,13 @@ def load_entrypoint(bundle: Path, name: str):
 def classify_exception(exc: BaseException) -> tuple[int, str]:
     from .sdk import Diverged, Preempted
 
+    from ..storage.base import StoreError
+    from .sdk import CheckpointMismatch
+
     if isinstance(exc, Preempted):
         return EXIT_PREEMPTED, str(exc)
+    if isinstance(exc, (StoreError, CheckpointMismatch)) or (isinstance(exc, OSError) and exc.errno in INFRA_ERRNOS):
+        return EXIT_INFRA, f"{type(exc).__name__}: {exc}"
     if isinstance(exc, Diverged):
         return EXIT_DIVERGED, str(exc)
     text = f"{type(exc).__name__}: {exc}"
@@ -114,6 +123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--store", default=None, help="checkpoint store root uri (default: WORKDIR/checkpoints)")
     p.add_argument("--resume-from", default=None, help="checkpoint uri to continue from")
     p.add_argument("--checkpoint", default=None, help="checkpoint uri to evaluate (--task eval)")
+    p.add_argument("--expect-sha256", default=None,
+                   help="the digest the control plane recorded for the checkpoint to load; other bytes are refused")
     p.add_argument("--checkpoint-every", type=int, default=None)
     p.add_argument("--memory-every", type=int, default=None)
     p.add_argument("--metadata-url", default=os.environ.get("ORBIT_METADATA_URL"))
@@ -173,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
             memory_every=args.memory_every or ck.get("memory_every_steps", 5),
             resume_from=args.resume_from,
             eval_checkpoint=args.checkpoint,
+            expect_sha256=args.expect_sha256,
             stop_after_step=args.stop_after_step,
         )
         if watcher.pending:  # reclaimed before any work: nothing to save
@@ -199,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
             except BaseException:  # noqa: BLE001
                 pass
     finally:
-        failure_class = FAILURE_CLASS.get(code, "crash")
+        failure_class = FAILURE_CLASS.get(code, "user_error")
         exit_info = {"code": code, "failure_class": failure_class, "reason": reason, "seconds": round(time.time() - t0, 3)}
         if ctx is not None:
             exit_info["last_step"] = ctx.last_step

@@ -92,7 +92,7 @@ class Checkpointer:
         digest = weights_digest(state["model"])
         # Kept for a later emergency delta; taken now, while the state is this step's.
         self._durable_digests = D.digests(state)
-        self._durable_uri = self.store.uri_for(self.job_id, checkpoint_dir_name(step))
+        self._durable_uri = self.store.uri_for(self.job_id, checkpoint_dir_name(step, self.attempt))
         # Blocks only if the previous durable save is still being written (backpressure).
         self._queue.put((step, blob, digest, dict(metrics), "durable", time.time()))
 
@@ -138,7 +138,7 @@ class Checkpointer:
     # ---- common -------------------------------------------------------------------
     def _put(self, step: int, blob: bytes, weights_sha: str, metrics: dict, tier: str, t0: float, source: str = "",
              extra: dict | None = None) -> str | None:
-        name = checkpoint_dir_name(step)
+        name = checkpoint_dir_name(step, self.attempt)
         with self._lock:
             # Claim the step and link the chain under the lock, then write outside it, so an
             # emergency save never waits for an older durable write still in flight.

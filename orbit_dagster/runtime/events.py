@@ -43,10 +43,27 @@ class EventWriter:
                 fh.write(line)
                 fh.flush()
                 os.fsync(fh.fileno())
-            # The same, readable, in the workload's log (`orbit logs JOB`).
-            shown = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("precheck",) and not isinstance(v, dict))
-            print(f"{time.strftime('%H:%M:%S', time.gmtime(event['ts']))} {type_} {shown}", flush=True)
+            # The same, readable, in the workload's log (`orbit logs JOB`): metric values shown.
+            print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(event['ts']))}Z {type_} {readable(fields)}",
+                  flush=True)
             return event
+
+
+def _value(v) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def readable(fields: dict) -> str:
+    """`step=18 train/loss=2.31`: nested values (metrics) inline, bulky ones (precheck) left out."""
+    parts = []
+    for k, v in fields.items():
+        if k == "precheck":
+            continue
+        if isinstance(v, dict):
+            parts += [f"{ik}={_value(iv)}" for ik, iv in v.items() if not isinstance(iv, (dict, list))]
+        else:
+            parts.append(f"{k}={_value(v)}")
+    return " ".join(parts)
 
 
 def parse_events(chunk: str) -> tuple[list[dict], int]:

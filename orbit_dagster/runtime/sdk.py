@@ -34,6 +34,10 @@ class Diverged(Exception):
     """A training metric became NaN or infinite."""
 
 
+class CheckpointMismatch(Exception):
+    """The checkpoint to load is not the one the control plane registered."""
+
+
 class RunContext:
     def __init__(
         self,
@@ -50,6 +54,7 @@ class RunContext:
         metrics_every: int = 10,
         resume_from: str | None = None,
         eval_checkpoint: str | None = None,
+        expect_sha256: str | None = None,
         stop_after_step: int | None = None,
     ):
         self.job = job
@@ -69,6 +74,7 @@ class RunContext:
         self.metrics_every = max(1, int(metrics_every))
         self.resume_from = resume_from
         self.eval_checkpoint = eval_checkpoint
+        self.expect_sha256 = expect_sha256
         self.stop_after_step = stop_after_step  # for tests: simulate a crash after this step
         self.checkpointer = (
             Checkpointer(store, events, job_id=self.job_id, attempt=attempt, parent_uri=resume_from) if store else None
@@ -88,6 +94,11 @@ class RunContext:
         dest = self.workdir / f"{purpose}-{uri.rstrip('/').rsplit('/', 1)[-1]}"
         shutil.rmtree(dest, ignore_errors=True)
         manifest = self.store.fetch(uri, dest)  # verifies every sha256
+        if purpose in ("resume", "eval") and self.expect_sha256 and manifest.digest != self.expect_sha256:
+            # The files match their manifest, but not what the control plane registered:
+            # both were rewritten. Never train on or evaluate such weights.
+            raise CheckpointMismatch(f"checkpoint {uri} has digest {manifest.digest[:12]}, the ledger recorded "
+                                     f"{self.expect_sha256[:12]}")
         # weights_only=True: a checkpoint from a rented host is data, never code.
         state = torch.load(dest / STATE_FILE, map_location="cpu", weights_only=True)
         if is_delta(state):  # an emergency delta: its base first, then the changed leaves

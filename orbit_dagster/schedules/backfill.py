@@ -1,15 +1,16 @@
-"""Evaluation backfill: every checkpoint still missing its suite's results gets a run.
+"""Evaluation backfill: every (checkpoint, suite) still waiting for its evaluation gets a run.
 
 The evaluation sensor handles new checkpoints as they come; this schedule sweeps up the
-rest (a suite added to a template later, evaluations that gave up while a provider was
-down). There is no public API to launch a backfill from a schedule, so it yields one run
-request per partition, keyed by checkpoint and day (one sweep a day per checkpoint).
+rest (evaluations that gave up while a provider was down and were given back). Its run keys
+are the sensor's (`eval:<checkpoint>:<suite>:try-<n>`), and the ledger's claim lets only one
+run evaluate a pair at a time.
 """
 import dagster as dg
 
+from ..control.evaluate import pending_evaluations
 from ..jobs import eval_job
 from ..resources import OrbitResource
-from ..sensors.evaluations import unevaluated
+from ..sensors.evaluations import eval_request
 
 BACKFILL_BATCH = 200
 
@@ -19,9 +20,7 @@ BACKFILL_BATCH = 200
              description="Evaluates every checkpoint that has no result for its suite yet.")
 def eval_backfill_schedule(context: dg.ScheduleEvaluationContext, orbit: OrbitResource):
     day = context.scheduled_execution_time.strftime("%Y-%m-%d")
-    rows = unevaluated(orbit.settings().ledger(), limit=BACKFILL_BATCH)
+    rows = pending_evaluations(orbit.settings().ledger(), BACKFILL_BATCH)
     if not rows:
         return dg.SkipReason("every checkpoint has its evaluation")
-    return [dg.RunRequest(run_key=f"backfill:{r['checkpoint_key']}:{day}", partition_key=r["checkpoint_key"],
-                          tags={"orbit/job": r["job_id"], "orbit/checkpoint": r["checkpoint_key"], "orbit/backfill": day})
-            for r in rows]
+    return [eval_request(r, **{"orbit/backfill": day}) for r in rows]

@@ -1,44 +1,49 @@
-"""New checkpoints -> one `evaluation` run each (run key per checkpoint and suite)."""
+"""Pending evaluations -> one `evaluation` run each; claims of dead runs given back.
+
+The run key is `eval:<checkpoint>:<suite>:try-<n>` wherever an evaluation is requested
+(this sensor, the backfill schedule), and the ledger's claim (PENDING -> RUNNING) lets only
+one run evaluate a (checkpoint, suite) at a time, so nothing is evaluated twice at once.
+"""
 
 import dagster as dg
 
 from ..assets.partitions import CHECKPOINTS, checkpoints_partitions
-from ..control.evaluate import MAX_EVAL_RUNS
+from ..control.evaluate import eval_run_key, pending_evaluations, reconcile_evaluations
 from ..jobs import eval_job
 from ..resources import OrbitResource
 
 BATCH = 50  # sensors time out at 60 s; partition-key validation of many requests counts
+IN_PROGRESS = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+               dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING}
 
 
-def unevaluated(ledger, limit: int = BATCH) -> list[dict]:
-    """Evaluable checkpoints without an evaluation, with how many runs failed on each so far
-    (a failed run is retried under a new run key, up to MAX_EVAL_RUNS)."""
-    return ledger.rows(
-        """WITH failed AS (SELECT json_extract_string(detail, '$.checkpoint') AS checkpoint_key, count(*) AS n
-                          FROM events WHERE kind = 'evaluation_failed' GROUP BY 1)
-           SELECT c.checkpoint_key, c.job_id, coalesce(f.n, 0) AS failures FROM live_checkpoints c
-           ANTI JOIN evaluations e USING (checkpoint_key)
-           SEMI JOIN bundles b USING (job_id)  -- evaluable: a bundle holds the eval script
-           LEFT JOIN failed f USING (checkpoint_key)
-           WHERE coalesce(f.n, 0) < ?
-           ORDER BY c.registered_at LIMIT ?""",
-        [MAX_EVAL_RUNS, limit],
-    )
+def run_alive(instance: dg.DagsterInstance):
+    def alive(run_id: str | None) -> bool:
+        if not run_id:
+            return False
+        run = instance.get_run_by_id(run_id)
+        return run is not None and run.status in IN_PROGRESS
+
+    return alive
+
+
+def eval_request(row: dict, **tags: str) -> dg.RunRequest:
+    return dg.RunRequest(run_key=eval_run_key(row["checkpoint_key"], row["suite"], int(row["tries"] or 0)),
+                         partition_key=row["checkpoint_key"],
+                         tags={"orbit/job": row["job_id"], "orbit/checkpoint": row["checkpoint_key"],
+                               "orbit/suite": row["suite"], "orbit/kind": "eval", **tags})
 
 
 @dg.sensor(job=eval_job, minimum_interval_seconds=2, default_status=dg.DefaultSensorStatus.RUNNING,
-           description="Evaluates every newly registered checkpoint.")
+           description="Evaluates every newly registered checkpoint; re-requests evaluations whose run died.")
 def checkpoint_evaluation_sensor(context: dg.SensorEvaluationContext, orbit: OrbitResource) -> dg.SensorResult:
-    rows = unevaluated(orbit.settings().ledger())
+    settings = orbit.settings()
+    for line in reconcile_evaluations(settings, run_alive(context.instance)):
+        context.log.info(f"evaluation given back: {line}")
+    rows = pending_evaluations(settings.ledger(), BATCH)
     known = set(context.instance.get_dynamic_partitions(CHECKPOINTS))
-    new = [r["checkpoint_key"] for r in rows if r["checkpoint_key"] not in known]
-    requests = [
-        dg.RunRequest(run_key=f"eval:{r['checkpoint_key']}" + (f":retry-{r['failures']}" if r["failures"] else ""),
-                      partition_key=r["checkpoint_key"],
-                      tags={"orbit/job": r["job_id"], "orbit/checkpoint": r["checkpoint_key"]})
-        for r in rows
-    ]
+    new = sorted({r["checkpoint_key"] for r in rows} - known)
     return dg.SensorResult(
-        run_requests=requests,
+        run_requests=[eval_request(r) for r in rows],
         dynamic_partitions_requests=[checkpoints_partitions.build_add_request(new)] if new else [],
     )

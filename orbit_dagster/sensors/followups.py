@@ -7,40 +7,39 @@ from ..jobs import best_job, cost_job
 from ..resources import OrbitResource
 
 
-def stale_experiments(ledger) -> list[dict]:
-    """Experiments whose best checkpoint was computed over fewer evaluations than exist,
-    once their pending evaluations are done (one ranking per batch, not one per checkpoint)."""
+def stale_experiments(ledger, since: float) -> list[dict]:
+    """Experiments with evaluations finished after `since` and none pending now (one ranking
+    per batch of evaluations, not one per checkpoint), with the newest finish time."""
     return ledger.rows(
-        """WITH n AS (SELECT j.experiment, count(*) AS evaluations FROM evaluations e JOIN owners j USING (job_id) GROUP BY 1),
-           pending AS (SELECT DISTINCT o.experiment FROM live_checkpoints c JOIN owners o USING (job_id)
-                       SEMI JOIN bundles b USING (job_id) ANTI JOIN evaluations e USING (checkpoint_key))
-           SELECT n.experiment, n.evaluations FROM n LEFT JOIN current_best b USING (experiment)
-           WHERE (b.evaluations IS NULL OR b.evaluations < n.evaluations)
-             AND n.experiment NOT IN (SELECT experiment FROM pending)"""
-    )
+        """SELECT e.experiment, max(e.finished_at) AS newest FROM evaluations e
+           WHERE e.finished_at > ? AND e.state IN ('SUCCEEDED', 'FAILED', 'SKIPPED')
+             AND NOT EXISTS (SELECT 1 FROM evaluations p WHERE p.experiment = e.experiment
+                             AND p.state IN ('PENDING', 'RUNNING'))
+           GROUP BY e.experiment""", [since])
 
 
 @dg.sensor(job=best_job, minimum_interval_seconds=3, default_status=dg.DefaultSensorStatus.RUNNING,
            description="Recomputes best_checkpoint for experiments with new evaluations.")
 def best_checkpoint_sensor(context: dg.SensorEvaluationContext, orbit: OrbitResource) -> dg.SensorResult:
-    rows = stale_experiments(orbit.settings().ledger())
+    since = float(context.cursor or 0)
+    rows = stale_experiments(orbit.settings().ledger(), since)
     known = set(context.instance.get_dynamic_partitions(EXPERIMENTS))
-    new = [r["experiment"] for r in rows if r["experiment"] not in known]
+    new = sorted({r["experiment"] for r in rows} - known)
+    if rows:
+        context.update_cursor(str(max(float(r["newest"]) for r in rows)))
     return dg.SensorResult(
-        run_requests=[dg.RunRequest(run_key=f"best:{r['experiment']}:{r['evaluations']}", partition_key=r["experiment"])
-                      for r in rows],
+        run_requests=[dg.RunRequest(run_key=f"best:{r['experiment']}:{r['newest']:.6f}", partition_key=r["experiment"],
+                                    tags={"orbit/kind": "best", "orbit/experiment": r["experiment"]}) for r in rows],
         dynamic_partitions_requests=[experiments_partitions.build_add_request(new)] if new else [],
     )
 
 
 @dg.sensor(job=cost_job, minimum_interval_seconds=10, default_status=dg.DefaultSensorStatus.RUNNING,
-           description="Refreshes cost_summary when jobs have finished and no instance is running.")
+           description="Refreshes cost_summary when instances have stopped and none is running.")
 def cost_summary_sensor(context: dg.SensorEvaluationContext, orbit: OrbitResource):  # noqa: ARG001
-    row = orbit.settings().ledger().rows(
-        """SELECT (SELECT count(*) FROM job_status WHERE state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')) AS done,
-                  (SELECT count(*) FROM instance_stops) AS stops,
-                  (SELECT count(*) FROM instance_usage WHERE running) AS running"""
-    )[0]
+    row = orbit.settings().ledger().one(
+        """SELECT (SELECT max(stopped_at) FROM instances) AS last_stop,
+                  (SELECT count(*) FROM instances WHERE stopped_at IS NULL) AS running""")
     # Once per quiet period after a change: not once per instance while work is going on.
-    if row["done"] and not row["running"]:
-        yield dg.RunRequest(run_key=f"cost:{row['done']}:{row['stops']}")
+    if row["last_stop"] is not None and not row["running"]:
+        yield dg.RunRequest(run_key=f"cost:{float(row['last_stop']):.6f}", tags={"orbit/kind": "cost"})

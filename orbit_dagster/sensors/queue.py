@@ -1,34 +1,53 @@
 """QUEUED jobs -> one `training_run` run per attempt.
 
 The run key is `<job>:attempt-<n>`: Dagster never launches two runs with the same key
-from one sensor, so an attempt can never launch twice, whatever restarts in between.
+from one sensor, so an attempt can never launch twice, whatever restarts in between. A run
+that ended before it dispatched the attempt (its process died, a person terminated it while
+queued) leaves the job QUEUED: the attempt is requested again under `...:retry-<k>`, and
+after `MAX_RUNS_PER_ATTEMPT` such runs the attempt FAILS with the reason, never stuck.
 """
 
 import dagster as dg
 
 from ..assets.partitions import JOBS, jobs_partitions
+from ..control.queue import fail_undispatched, queued_jobs
 from ..jobs import train_job
 from ..resources import OrbitResource
 
+MAX_RUNS_PER_ATTEMPT = 3
+ENDED = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED, dg.DagsterRunStatus.SUCCESS}
 
-def queued_jobs(ledger) -> list[dict]:
-    return ledger.rows("SELECT job_id, attempt, experiment FROM job_status WHERE state = 'QUEUED' ORDER BY state_ts")
+
+def ended_runs(instance: dg.DagsterInstance, job_id: str, attempt: int) -> int:
+    """Runs of this attempt that ended while it was still queued."""
+    records = instance.get_run_records(dg.RunsFilter(tags={"orbit/job": job_id, "orbit/attempt": str(attempt)}),
+                                       limit=MAX_RUNS_PER_ATTEMPT + 1)
+    if any(r.dagster_run.status not in ENDED for r in records):
+        return -1  # one is queued or running: it will dispatch the attempt
+    return len(records)
 
 
 @dg.sensor(job=train_job, minimum_interval_seconds=2, default_status=dg.DefaultSensorStatus.RUNNING,
            description="Launches each queued attempt of a job as a training_run materialisation.")
 def job_queue_sensor(context: dg.SensorEvaluationContext, orbit: OrbitResource) -> dg.SensorResult:
-    rows = queued_jobs(orbit.settings().ledger())
+    settings = orbit.settings()
+    rows = queued_jobs(settings.ledger())
     known = set(context.instance.get_dynamic_partitions(JOBS))
     new = sorted({r["job_id"] for r in rows} - known)
-    requests = [
-        dg.RunRequest(
-            run_key=f"{r['job_id']}:attempt-{r['attempt']}",
+    requests = []
+    for r in rows:
+        ended = ended_runs(context.instance, r["job_id"], int(r["attempt"]))
+        if ended < 0:
+            continue
+        if ended >= MAX_RUNS_PER_ATTEMPT:
+            fail_undispatched(settings, r["job_id"], int(r["attempt"]), runs=ended)
+            continue
+        requests.append(dg.RunRequest(
+            run_key=f"{r['job_id']}:attempt-{r['attempt']}" + (f":retry-{ended}" if ended else ""),
             partition_key=r["job_id"],
-            tags={"orbit/job": r["job_id"], "orbit/attempt": str(r["attempt"]), "orbit/experiment": r["experiment"]},
-        )
-        for r in rows
-    ]
+            tags={"orbit/job": r["job_id"], "orbit/attempt": str(r["attempt"]), "orbit/experiment": r["experiment"],
+                  "orbit/kind": "train"},
+        ))
     return dg.SensorResult(
         run_requests=requests,
         dynamic_partitions_requests=[jobs_partitions.build_add_request(new)] if new else [],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator, Protocol
@@ -30,10 +31,37 @@ def listing_digest(files: dict[str, dict]) -> str:
     return h.hexdigest()
 
 
-def checkpoint_dir_name(step: int) -> str:
-    # One checkpoint per (job, step): training is deterministic, so two saves of the same
-    # step hold the same state, and the first one to land is kept.
-    return f"step-{step:09d}"
+def checkpoint_dir_name(step: int, attempt: int) -> str:
+    """`step-000000120-a2`: the attempt that wrote a checkpoint is part of its name, so a
+    retry (from scratch, or with another config) never writes where an earlier attempt did."""
+    return f"step-{int(step):09d}-a{int(attempt)}"
+
+
+CHECKPOINT_DIR = re.compile(r"^step-(\d{9})-a(\d+)$")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+
+def parse_checkpoint_dir(name: str) -> tuple[int, int] | None:
+    """(step, attempt) of a checkpoint directory name, or None."""
+    m = CHECKPOINT_DIR.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def check_name(kind: str, value: str) -> str:
+    """A job id or checkpoint name used as one path component: no '/', '..' or leading dot."""
+    if not isinstance(value, str) or not NAME.match(value) or ".." in value:
+        raise StoreError(f"{kind} {value!r} is not a valid name in a checkpoint store; "
+                         "fix: letters, digits, '.', '_' and '-', not starting with '.', without '..'")
+    return value
+
+
+def check_rel(rel: str, uri: str) -> str:
+    """A file name inside a checkpoint: relative, without '..', not the manifest itself."""
+    parts = rel.split("/") if isinstance(rel, str) else [""]
+    if not rel or rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts) or rel == MANIFEST:
+        raise StoreError(f"checkpoint {uri}: file name {rel!r} is not allowed; "
+                         f"fix: a relative path without '..' that is not {MANIFEST!r}")
+    return rel
 
 
 @dataclass
@@ -72,7 +100,9 @@ class CheckpointStore(Protocol):
     root_uri: str
 
     def put(self, job_id: str, name: str, files: dict[str, bytes], manifest: CheckpointManifest) -> str:
-        """Store files then the manifest, atomically visible; return the checkpoint uri."""
+        """Store files then the manifest, atomically visible; return the checkpoint uri.
+        The same checkpoint sent twice is kept once; different content under an existing
+        name is a StoreError, never a silent keep of either."""
 
     def uri_for(self, job_id: str, name: str) -> str:
         """Where `put(job_id, name, ...)` stores the checkpoint (known before it lands)."""

@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-from .base import MANIFEST, CheckpointManifest, StoreError
+from .base import MANIFEST, CheckpointManifest, StoreError, check_name, check_rel
 
 MIB = 1 << 20
 MIN_PART_SIZE = 5 * MIB  # S3's rule for every part but the last
@@ -112,7 +112,7 @@ class S3Store:
         return "/".join(p.strip("/") for p in (self.prefix, *parts) if p and p.strip("/"))
 
     def uri_for(self, job_id: str, name: str) -> str:
-        return f"s3://{self.bucket}/{self._key(job_id, name)}"
+        return f"s3://{self.bucket}/{self._key(check_name('job id', job_id), check_name('checkpoint name', name))}"
 
     def _call(self, operation: str, key: str, **kw: Any) -> Any:
         """One S3 call; a botocore error leaves as S3StoreError naming the key (cause kept)."""
@@ -131,12 +131,17 @@ class S3Store:
 
     # ---- write --------------------------------------------------------------------
     def put(self, job_id: str, name: str, files: dict[str, bytes], manifest: CheckpointManifest) -> str:
+        uri = self.uri_for(job_id, name)
         base = self._key(job_id, name)
-        uri = f"s3://{self.bucket}/{base}"
         for rel in files:
-            _check_rel(rel, uri)
+            check_rel(rel, uri)
         if self._exists(f"{base}/{MANIFEST}"):
-            return uri  # already complete (a re-sent checkpoint): keep the first, as the fs store does
+            have = self.read_manifest(uri)  # a re-sent checkpoint: the same bytes, or an error
+            if have.digest != manifest.digest:
+                raise StoreError(f"checkpoint {uri} already exists with other content (sha256 {have.digest[:12]}, "
+                                 f"not {manifest.digest[:12]}); fix: a checkpoint is immutable, write it under a new "
+                                 "name (a new attempt)")
+            return uri
         written: list[str] = []
         try:
             for rel, data in files.items():
@@ -227,7 +232,7 @@ class S3Store:
         manifest = self.read_manifest(uri)
         bucket, base = parse_s3_uri(uri)
         for rel, info in manifest.files.items():
-            self._stream(uri, bucket, f"{base}/{rel}", rel, info)
+            self._stream(uri, bucket, f"{base}/{check_rel(rel, uri)}", rel, info)
         return manifest
 
     def fetch(self, uri: str, dest: Path) -> CheckpointManifest:
@@ -235,7 +240,7 @@ class S3Store:
         bucket, base = parse_s3_uri(uri)
         dest = Path(dest)
         for rel, info in manifest.files.items():
-            target = dest / rel
+            target = dest / check_rel(rel, uri)
             target.parent.mkdir(parents=True, exist_ok=True)
             part = target.with_name(target.name + ".part")
             try:
@@ -295,13 +300,6 @@ class S3Store:
             self._call("delete_object", manifest, Bucket=bucket, Key=manifest)
         self._delete_keys([k for k in keys if k != manifest])
         return bool(keys)
-
-
-def _check_rel(rel: str, uri: str) -> None:
-    parts = rel.split("/")
-    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or rel == MANIFEST:
-        raise StoreError(f"checkpoint {uri}: file name {rel!r} is not allowed; "
-                         f"fix: a relative path without '..' that is not {MANIFEST!r}")
 
 
 def _explain(operation: str, code: str, bucket: str, key: str) -> str:

@@ -64,8 +64,10 @@ def test_eval_backfill_schedule_requests_every_unevaluated_checkpoint(orbit_home
     with dg.build_schedule_context(scheduled_execution_time=datetime(2026, 11, 29, 6, 30, tzinfo=timezone.utc),
                                    resources={"orbit": OrbitResource(home=str(orbit_home))}) as context:
         requests = eval_backfill_schedule(context)
-    assert sorted(r.partition_key for r in requests) == [f"{job}/4", f"{job}/8"]
-    assert all(r.run_key.startswith("backfill:") and r.run_key.endswith(":2026-11-29") for r in requests)
+    assert sorted(r.partition_key for r in requests) == [f"{job}/a1/4", f"{job}/a1/8"]
+    # The sensor's run keys: one per (checkpoint, suite, try), whoever asks.
+    assert sorted(r.run_key for r in requests) == [f"eval:{job}/a1/4:heldout:try-1", f"eval:{job}/a1/8:heldout:try-1"]
+    assert all(r.tags["orbit/backfill"] == "2026-11-29" and r.tags["orbit/kind"] == "eval" for r in requests)
 
 
 def test_orbit_offers_json_lists_gce_h100_with_prices_and_reliability(orbit_home):

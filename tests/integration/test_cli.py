@@ -33,7 +33,7 @@ def test_submit_status_sql_and_errors(orbit_home):
     status = json.loads(orbit("status", "--json", home=orbit_home, check=True).stdout)
     assert [(r["job_id"], r["state"], r["experiment"]) for r in status] == [(job, "QUEUED", "cli")]
     bad = orbit("sql", "SELEKT 1", home=orbit_home)
-    assert bad.returncode == 2 and "query failed" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "does not parse" in bad.stderr and "Traceback" not in bad.stderr
     missing = orbit("status", "no-such-job", home=orbit_home)
     assert missing.returncode == 2 and "no-such-job" in missing.stderr
     cost = orbit("cost", "--by", "planet", home=orbit_home)

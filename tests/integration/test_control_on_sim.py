@@ -26,7 +26,8 @@ def test_a_job_trains_checkpoints_evaluates_ranks_and_bills(settings):
     ledger = settings.ledger()
     ckpts = ledger.rows("SELECT * FROM checkpoints WHERE job_id = ? ORDER BY step", [job])
     assert [c["step"] for c in ckpts] == [8, 16, 24]
-    assert [c["parent_key"] for c in ckpts] == [None, f"{job}/8", f"{job}/16"]
+    assert [c["checkpoint_key"] for c in ckpts] == [f"{job}/a1/8", f"{job}/a1/16", f"{job}/a1/24"]
+    assert [c["parent_key"] for c in ckpts] == [None, f"{job}/a1/8", f"{job}/a1/16"]
     assert all(c["tier"] == "durable" and c["bytes"] > 0 and len(c["sha256"]) == 64 for c in ckpts)
 
     results = [evaluate_checkpoint(settings, c["checkpoint_key"]) for c in ckpts]
@@ -34,21 +35,29 @@ def test_a_job_trains_checkpoints_evaluates_ranks_and_bills(settings):
     best = compute_best(settings, "exp")
     losses = {r["checkpoint_key"]: r["metrics"]["eval/loss"] for r in results}
     assert best["checkpoint_key"] == min(losses, key=losses.get)
-    assert best["metric_name"] == "eval/loss" and best["resolved_from"] == "experiment"
-    assert [c["checkpoint_key"] for c in best["lineage"]][-1] == f"{job}/8"
+    assert best["metric_name"] == "eval/loss" and best["resolved_from"] == "template"
+    assert [c["checkpoint_key"] for c in best["lineage"]][-1] == f"{job}/a1/8"
 
-    # The bill adds up: attributed cost == instance seconds x offer price (within 1%).
-    usage = ledger.rows("SELECT sum(seconds * usd_per_second) AS billed FROM instance_usage WHERE job_id = ?", [job])[0]
+    # The bill adds up: every instance's (stop - start) x price, and every cost view sums to it.
+    usage = ledger.one("""SELECT sum((stopped_at - started_at) * usd_per_second) AS billed, sum(billed_usd) AS recorded
+                          FROM instances WHERE job_id = ?""", [job])
     attributed = ledger.scalar("SELECT sum(usd) FROM costs WHERE job_id = ?", [job])
-    assert math.isclose(attributed, usage["billed"], rel_tol=0.01)
+    assert math.isclose(attributed, usage["recorded"], rel_tol=1e-9)  # the lines sum to the bill
+    assert math.isclose(usage["recorded"], usage["billed"], rel_tol=1e-6)  # (times stored to the microsecond)
     per_ckpt = ledger.rows("SELECT * FROM cost_by_checkpoint WHERE job_id = ?", [job])
-    assert {r["checkpoint_key"] for r in per_ckpt} == {c["checkpoint_key"] for c in ckpts}
-    assert all(r["eval_usd"] > 0 and r["train_usd"] > 0 for r in per_ckpt)
+    assert math.isclose(sum(r["usd"] for r in per_ckpt), usage["recorded"], rel_tol=1e-9)
+    lines = {r["line"]: r for r in per_ckpt}
+    assert {c["checkpoint_key"] for c in ckpts} <= set(lines) and set(lines) - {c["checkpoint_key"] for c in ckpts} \
+        <= {"(overhead)", "(wasted)"}
+    assert all(lines[c["checkpoint_key"]]["eval_usd"] > 0 and lines[c["checkpoint_key"]]["train_usd"] > 0
+               for c in ckpts)
     # `orbit logs JOB`: the workload's log, collected from the host.
     from orbit_dagster.control.logs import attempt_log
 
     log = attempt_log(settings, job)
     assert "checkpoint step=24" in log and "exit code=0" in log
+    assert "train/loss=" in log  # metric values, not only their step
+    assert "RUNNING" in log and "SUCCEEDED" in log  # the control plane's account of the attempt
 
 
 def test_rerunning_a_finished_bundle_reproduces_the_weights(settings):
@@ -76,7 +85,8 @@ def test_retry_changes_config_only_through_the_whitelist(settings):
     out = run_attempt(settings, job)
     assert out.last_step == 32 and out.state == "SUCCEEDED"
     ledger = settings.ledger()
-    assert ledger.rows("SELECT resume_from FROM runs WHERE run_id = ?", [f"{job}#2"]) == [{"resume_from": f"{job}/24"}]
+    # `config.steps` is resume-compatible: training longer continues the same lineage.
+    assert ledger.rows("SELECT resume_from FROM runs WHERE run_id = ?", [f"{job}#2"]) == [{"resume_from": f"{job}/a1/24"}]
     assert ledger.scalar("SELECT count(*) FROM bundles WHERE job_id = ?", [job]) == 2
 
 
@@ -86,3 +96,31 @@ def test_a_job_that_is_not_queued_is_not_launched_again(settings):
     again = run_attempt(settings, job)  # the same attempt: reported, not relaunched
     assert again.reattached and again.state == first.state
     assert settings.ledger().scalar("SELECT count(*) FROM instances WHERE purpose = 'train' AND job_id = ?", [job]) == 1
+
+
+def test_retry_from_scratch_with_another_lr_never_reports_the_old_weights(settings):
+    """Issue 8, defect 1: a retry used to register none of its checkpoints and keep the old ones."""
+    job = submit(settings, "charlm-finetune", FAST, experiment="lr")
+    run_attempt(settings, job)
+    ledger = settings.ledger()
+    old = {r["sha256"] for r in ledger.rows("SELECT sha256 FROM checkpoints WHERE job_id = ?", [job])}
+    for c in ledger.rows("SELECT checkpoint_key FROM checkpoints WHERE job_id = ?", [job]):
+        evaluate_checkpoint(settings, c["checkpoint_key"])
+    assert retry(settings, job, {"config.lr": 0.01}, from_scratch=True) == 2
+    out = run_attempt(settings, job)
+    assert out.state == "SUCCEEDED" and out.attempt == 2
+    new = ledger.rows("SELECT checkpoint_key, sha256, weights_sha256, lineage FROM checkpoints WHERE run_id = ?",
+                      [f"{job}#2"])
+    assert [r["checkpoint_key"] for r in new] == [f"{job}/a2/8", f"{job}/a2/16", f"{job}/a2/24"]
+    events = [json.loads(x) for x in (settings.artifacts_dir / job / "attempt-2" / "events.jsonl").read_text().splitlines()]
+    written = {e["sha256"] for e in events if e["type"] == "checkpoint"}
+    assert {r["sha256"] for r in new} == written and not written & old  # what attempt 2 wrote, nothing else
+    assert ledger.one("SELECT lineage FROM jobs WHERE job_id = ?", [job])["lineage"] == new[0]["lineage"]
+    assert ledger.one("SELECT resume_from FROM runs WHERE run_id = ?", [f"{job}#2"])["resume_from"] is None
+    for r in new:
+        evaluate_checkpoint(settings, r["checkpoint_key"])
+    best = compute_best(settings, "lr")
+    assert best["checkpoint_key"].startswith(f"{job}/a2/")  # only the new lineage is ranked ...
+    assert best["candidates"] == 3
+    every = compute_best(settings, "lr", lineage="all")  # ... unless a person asks for the old one too
+    assert every["candidates"] == 6

@@ -30,7 +30,7 @@ def outside_run(tmp_path_factory):
     export = root / "export"
     for step in (4, 8):
         (export / f"ckpt-{step}").mkdir(parents=True)
-        shutil.copy(root / "store" / "elsewhere" / f"step-{step:09d}" / "state.pt", export / f"ckpt-{step}" / "state.pt")
+        shutil.copy(root / "store" / "elsewhere" / f"step-{step:09d}-a1" / "state.pt", export / f"ckpt-{step}" / "state.pt")
     (export / "metrics.jsonl").write_text('{"step": 4, "train/loss": 3.1}\n{"step": 8, "train/loss": 2.9}\n')
     (export / "run.json").write_text(json.dumps({"name": "my run", "experiment": "imp", "template": "charlm-finetune"}))
     return export
@@ -46,13 +46,16 @@ def test_import_registers_verified_checkpoints_that_evaluate_and_rank(outside_ru
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     job = result["job_id"]
-    assert result["checkpoints"] == [f"{job}/4", f"{job}/8"] and result["evaluable"]
+    assert result["checkpoints"] == [f"{job}/a1/4", f"{job}/a1/8"] and result["evaluable"]
     settings = Settings.from_env(orbit_home)
     ledger = settings.ledger()
     rows = ledger.rows("SELECT * FROM checkpoints WHERE job_id = ? ORDER BY step", [job])
-    assert [r["parent_key"] for r in rows] == [None, f"{job}/4"]
+    assert [r["parent_key"] for r in rows] == [None, f"{job}/a1/4"]
     assert [r["train_loss"] for r in rows] == [3.1, 2.9]
-    assert ledger.rows("SELECT imported, experiment FROM runs WHERE job_id = ?", [job]) == [{"imported": True, "experiment": "imp"}]
+    assert ledger.rows("SELECT imported, experiment FROM runs WHERE job_id = ?", [job]) == [{"imported": 1, "experiment": "imp"}]
+    # An imported run is a job like any other: `orbit status` lists it.
+    listed = orbit("status", "--json", home=orbit_home)
+    assert listed.returncode == 0 and job in {r["job_id"] for r in json.loads(listed.stdout)}
     with dagster_instance(settings) as instance:  # partitions of the `checkpoint` asset, with materialisations
         assert set(instance.get_dynamic_partitions("checkpoints")) == set(result["checkpoints"])
         assert instance.get_latest_materialization_event(dg.AssetKey("checkpoint")) is not None

@@ -14,15 +14,16 @@ from tests.helpers import wait_for
 
 def reclaims_seen_on(ledger, offer_id: str, times: list[datetime]) -> None:
     """Other jobs' attempts on this offer, reclaimed at these times (what the fleet saw)."""
-    rows = {"runs": [], "run_states": [], "instances": [], "instance_stops": []}
+    rows = {"runs": [], "run_states": [], "instances": []}
     for i, when in enumerate(times):
         run, inst = f"other#{i}", f"other-{i}"
         rows["runs"].append({"run_id": run, "job_id": "other", "attempt": i + 1, "offer_id": offer_id,
-                             "instance_id": inst, "started_at": when - timedelta(seconds=20)})
+                             "instance_id": inst, "started_at": when - timedelta(seconds=20), "state": "LOST",
+                             "failure_class": "reclaim", "state_at": when})
         rows["run_states"].append({"run_id": run, "state": "LOST", "failure_class": "reclaim", "ts": when})
         rows["instances"].append({"instance_id": inst, "offer_id": offer_id, "purpose": "train", "job_id": "other",
-                                  "spot": True, "usd_per_second": 0.0, "started_at": when - timedelta(seconds=20)})
-        rows["instance_stops"].append({"instance_id": inst, "stopped_at": when})
+                                  "spot": 1, "usd_per_second": 0.0, "started_at": when - timedelta(seconds=20),
+                                  "stopped_at": when, "billed_usd": 0.0})
     ledger.commit(rows)
 
 

@@ -19,7 +19,7 @@ def _manifest(job: str, step: int, files: dict[str, bytes]) -> CheckpointManifes
 
 def _checkpoint(store: S3Store, job: str, step: int, files: dict[str, bytes] | None = None) -> str:
     files = files or {"state.pt": os.urandom(200_000), "extra/notes.txt": b"step %d" % step}
-    return store.put(job, checkpoint_dir_name(step), files, _manifest(job, step, files))
+    return store.put(job, checkpoint_dir_name(step, 1), files, _manifest(job, step, files))
 
 
 def _keys(url: str, bucket: str, prefix: str = "") -> list[str]:
@@ -32,8 +32,8 @@ def test_a_checkpoint_round_trips_with_its_manifest_verified(aws_env, s3_bucket,
     assert isinstance(store, S3Store)
     files = {"state.pt": os.urandom(300_000), "extra/notes.txt": b"hello"}
     manifest = _manifest("job-a", 8, files)
-    uri = store.put("job-a", "step-000000008", files, manifest)
-    assert uri == store.uri_for("job-a", "step-000000008") == f"s3://{s3_bucket}/ckpt/job-a/step-000000008"
+    uri = store.put("job-a", "step-000000008-a1", files, manifest)
+    assert uri == store.uri_for("job-a", "step-000000008-a1") == f"s3://{s3_bucket}/ckpt/job-a/step-000000008-a1"
     assert list(store.list("job-a")) == [uri]
     assert store.read_manifest(uri).digest == manifest.digest
     assert store.verify(uri).digest == manifest.digest
@@ -43,9 +43,11 @@ def test_a_checkpoint_round_trips_with_its_manifest_verified(aws_env, s3_bucket,
     assert (tmp_path / "out" / "extra" / "notes.txt").read_bytes() == b"hello"
     assert (tmp_path / "out" / MANIFEST).is_file()
     assert not list((tmp_path / "out").rglob("*.part"))
-    # A re-sent checkpoint keeps the first one (as the fs store does).
+    # The same checkpoint sent again is kept once; other bytes under its name are an error.
+    assert store.put("job-a", "step-000000008-a1", files, manifest) == uri
     other = {"state.pt": b"different"}
-    assert store.put("job-a", "step-000000008", other, _manifest("job-a", 8, other)) == uri
+    with pytest.raises(StoreError, match="already exists with other content"):
+        store.put("job-a", "step-000000008-a1", other, _manifest("job-a", 8, other))
     assert store.verify(uri).digest == manifest.digest
 
 
@@ -53,10 +55,10 @@ def test_large_files_go_up_by_multipart_upload(aws_env, s3_bucket, tmp_path):
     store = S3Store(f"s3://{s3_bucket}/mp", multipart_threshold=1 * MIB, part_size=5 * MIB)
     data = os.urandom(11 * MIB + 12345)
     t0 = time.perf_counter()
-    uri = store.put("job-mp", "step-000000001", {"state.pt": data}, _manifest("job-mp", 1, {"state.pt": data}))
+    uri = store.put("job-mp", "step-000000001-a1", {"state.pt": data}, _manifest("job-mp", 1, {"state.pt": data}))
     put_s = time.perf_counter() - t0
     assert store.stats["multipart_uploads"] == 1 and store.stats["parts"] == 3
-    head = client("s3", aws_env).head_object(Bucket=s3_bucket, Key="mp/job-mp/step-000000001/state.pt", PartNumber=1)
+    head = client("s3", aws_env).head_object(Bucket=s3_bucket, Key="mp/job-mp/step-000000001-a1/state.pt", PartNumber=1)
     assert head["PartsCount"] == 3  # the server holds it as a 3-part object
     t0 = time.perf_counter()
     store.fetch(uri, tmp_path / "mp")
@@ -70,7 +72,7 @@ def test_a_truncated_or_changed_object_is_rejected_naming_its_key(aws_env, s3_bu
     store = open_store(f"s3://{s3_bucket}/t")
     data = os.urandom(100_000)
     uri = _checkpoint(store, "job-t", 4, {"state.pt": data})
-    key = "t/job-t/step-000000004/state.pt"
+    key = "t/job-t/step-000000004-a1/state.pt"
     s3 = client("s3", aws_env)
     s3.put_object(Bucket=s3_bucket, Key=key, Body=data[:-100])
     with pytest.raises(StoreError, match=rf"state\.pt \(s3://{s3_bucket}/{key}\) has 99900 bytes"):
@@ -90,10 +92,10 @@ def test_a_checkpoint_without_manifest_is_invisible_and_unusable(aws_env, s3_buc
     store = open_store(f"s3://{s3_bucket}/inc")
     done = _checkpoint(store, "job-i", 4)
     s3 = client("s3", aws_env)
-    s3.put_object(Bucket=s3_bucket, Key="inc/job-i/step-000000008/state.pt", Body=b"half a checkpoint")
+    s3.put_object(Bucket=s3_bucket, Key="inc/job-i/step-000000008-a1/state.pt", Body=b"half a checkpoint")
     assert list(store.list("job-i")) == [done]
     with pytest.raises(StoreError, match="incomplete: no manifest"):
-        store.verify(store.uri_for("job-i", "step-000000008"))
+        store.verify(store.uri_for("job-i", "step-000000008-a1"))
 
 
 def test_a_put_that_fails_registers_nothing_and_aborts_its_upload(aws_env, s3_bucket):
@@ -110,7 +112,7 @@ def test_a_put_that_fails_registers_nothing_and_aborts_its_upload(aws_env, s3_bu
     try:
         files = {"small.txt": b"written first", "state.pt": os.urandom(6 * MIB)}
         with pytest.raises(ConnectionResetError):
-            store.put("job-f", "step-000000001", files, _manifest("job-f", 1, files))
+            store.put("job-f", "step-000000001-a1", files, _manifest("job-f", 1, files))
     finally:
         store.client.meta.events.unregister("before-call.s3.UploadPart", second_part_fails)
     assert store.stats["aborted_uploads"] == 1
@@ -132,9 +134,9 @@ def test_delete_is_idempotent_and_drops_the_manifest_first(aws_env, s3_bucket):
     keep = _checkpoint(store, "job-d", 40)  # a sibling whose name starts the same way
     assert store.delete(uri) is True
     assert list(store.list("job-d")) == [keep]
-    assert _keys(aws_env, s3_bucket, "d/job-d/step-000000004/") == []
+    assert _keys(aws_env, s3_bucket, "d/job-d/step-000000004-a1/") == []
     assert store.delete(uri) is False
-    assert store.delete(store.uri_for("job-d", "step-000000099")) is False
+    assert store.delete(store.uri_for("job-d", "step-000000099-a1")) is False
     assert store.verify(keep).step == 40
 
 

@@ -108,7 +108,7 @@ def test_life_cycle_stage_resumably_run_localize_resume_collect_terminate(ssh_in
     assert spec.store_uri == (Path(inst.address["run_root"]) / "checkpoints").as_uri()
     run = p.launch(inst, bundle.path, spec)
     status = wait_ended(p, run)
-    assert (status.state, status.exit_code, status.failure_class) == ("exited", 99, "crash")
+    assert (status.state, status.exit_code, status.failure_class) == ("exited", 99, "user_error")
     events, offset = p.read_events(run, 0)
     assert events[0]["type"] == "started" and "exit" in [e["type"] for e in events]
     assert events[0]["precheck"]["cuda_visible_devices"] == "0"
@@ -116,7 +116,7 @@ def test_life_cycle_stage_resumably_run_localize_resume_collect_terminate(ssh_in
     assert [e["step"] for e in ckpt] == [4] and ckpt[0]["uri"].startswith(spec.store_uri)
 
     local = p.localize_checkpoint(run, ckpt[0], store.root_uri)
-    assert local["uri"] == store.uri_for("job-agent", "step-000000004")
+    assert local["uri"] == store.uri_for("job-agent", "step-000000004-a1")
     assert store.verify(local["uri"]).digest == ckpt[0]["sha256"]
 
     # read_events returns whole lines only: a partial line waits for its newline.
@@ -139,7 +139,7 @@ def test_life_cycle_stage_resumably_run_localize_resume_collect_terminate(ssh_in
     inst2 = p.provision(one_gpu(p), tags={})
     assert inst2.gpu_slots == (0,)  # the first lease's slot was freed
     staged = p.stage_checkpoint(inst2, local["uri"])
-    assert staged == (Path(inst2.address["run_root"]) / "checkpoints/job-agent/step-000000004").as_uri()
+    assert staged == (Path(inst2.address["run_root"]) / "checkpoints/job-agent/step-000000004-a1").as_uri()
     assert FsStore(p.host_store_uri(inst2, store.root_uri)).verify(staged).digest == ckpt[0]["sha256"]
     spec2 = LaunchSpec(attempt=2, store_uri=p.host_store_uri(inst2, store.root_uri), resume_from=staged)
     run2 = p.launch(inst2, bundle.path, spec2)

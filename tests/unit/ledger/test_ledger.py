@@ -1,27 +1,45 @@
 import multiprocessing as mp
+import sqlite3
 from datetime import datetime, timezone
 
 import duckdb
 import pytest
 
-from orbit_dagster.core.errors import InvalidTransition
+from orbit_dagster.core.errors import InvalidTransition, NotFound
 from orbit_dagster.core.lifecycle import JobState
 from orbit_dagster.ledger import Ledger, LedgerError
 from orbit_dagster.ledger import records as R
+from orbit_dagster.ledger.migrations import LATEST, current_version, migrate
 
 
 def now():
     return datetime.now(timezone.utc)
 
 
-def _writer(root: str, worker: int, n: int) -> None:
-    ledger = Ledger(root).init()
+def url(tmp_path):
+    return f"sqlite:///{tmp_path / 'l' / 'ledger.sqlite'}"
+
+
+def fresh(tmp_path) -> Ledger:
+    ledger = Ledger(url(tmp_path))
+    migrate(ledger)
+    return ledger
+
+
+def new_job(ledger, job_id="j", state=JobState.QUEUED):
+    with ledger.write() as tx:
+        R.insert_job(tx, {"job_id": job_id, "experiment": "e", "project": "p", "created_at": now()},
+                     [R.state_row(job_id, 1, JobState.CREATED), R.state_row(job_id, 1, state)])
+
+
+def _writer(db_url: str, worker: int, n: int) -> None:
+    ledger = Ledger(db_url)
     for i in range(n):
         ledger.append("events", R.event("test", job_id=f"w{worker}", seq=i))
 
 
 def test_commit_and_query(tmp_path):
-    ledger = Ledger(tmp_path / "l").init()
+    ledger = fresh(tmp_path)
     ledger.commit({"projects": [{"project": "p", "created_at": now()}],
                    "experiments": [{"experiment": "e", "project": "p", "created_at": now()}]})
     assert ledger.scalar("SELECT count(*) FROM experiments") == 1
@@ -29,76 +47,119 @@ def test_commit_and_query(tmp_path):
     assert list(df["project"]) == ["p"]
 
 
-def test_unknown_table_or_column_is_refused(tmp_path):
-    ledger = Ledger(tmp_path / "l").init()
+def test_times_are_stored_as_seconds_since_the_epoch(tmp_path):
+    ledger = fresh(tmp_path)
+    t = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    ledger.commit({"projects": [{"project": "p", "created_at": t}]})
+    assert ledger.scalar("SELECT created_at FROM projects") == t.timestamp()
+
+
+def test_unknown_table_or_column_is_refused_and_nothing_is_written(tmp_path):
+    ledger = fresh(tmp_path)
     with pytest.raises(LedgerError):
         ledger.commit({"nope": [{"a": 1}]})
     with pytest.raises(LedgerError):
-        ledger.commit({"projects": [{"project": "p", "colour": "red"}]})
-    assert ledger.segment_count() == 1  # only the schema commit
+        ledger.commit({"projects": [{"project": "ok", "created_at": now()}], "experiments": [{"colour": "red"}]})
+    assert ledger.scalar("SELECT count(*) FROM projects") == 0  # the batch is one transaction
 
 
-def test_many_writer_processes_lose_nothing(tmp_path):
-    root = str(tmp_path / "l")
-    Ledger(root).init()
-    procs = [mp.get_context("spawn").Process(target=_writer, args=(root, w, 60)) for w in range(4)]
+def test_many_writer_processes_lose_nothing_and_duplicate_nothing(tmp_path):
+    ledger = fresh(tmp_path)
+    procs = [mp.get_context("spawn").Process(target=_writer, args=(url(tmp_path), w, 60)) for w in range(4)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(120)
         assert p.exitcode == 0
-    ledger = Ledger(root).init()
     assert ledger.scalar("SELECT count(*) FROM events") == 240
+    assert ledger.scalar("SELECT count(DISTINCT event_id) FROM events") == 240
     assert ledger.scalar("SELECT count(DISTINCT job_id) FROM events") == 4
 
 
-def test_catalog_file_is_usable_by_a_person_with_duckdb(tmp_path):
-    ledger = Ledger(tmp_path / "l").init()
-    ledger.append("events", R.event("hello", job_id="j"))
-    con = duckdb.connect(str(ledger.catalog_path), read_only=True)
-    assert con.execute("SELECT kind FROM events").fetchall() == [("hello",)]
-    assert con.execute("SELECT count(*) FROM job_status").fetchone() == (0,)
-    con.close()
+def test_durable_and_concurrent_settings_are_on(tmp_path):
+    ledger = fresh(tmp_path)
+    with ledger.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
 
 
-def test_transitions_are_checked_and_idempotent(tmp_path):
-    ledger = Ledger(tmp_path / "l").init()
-    ledger.commit({"jobs": [{"job_id": "j", "experiment": "e", "project": "p", "created_at": now()}],
-                   "job_states": [R.state_row("j", 1, JobState.CREATED)]})
-    assert R.transition(ledger, "j", JobState.QUEUED, attempt=1)
-    assert not R.transition(ledger, "j", JobState.QUEUED, attempt=1)  # a retried write makes no second row
+def test_transitions_follow_the_lifecycle_and_are_idempotent(tmp_path):
+    ledger = fresh(tmp_path)
+    new_job(ledger)
+    assert R.transition(ledger, "j", JobState.DISPATCHING, attempt=1)
+    assert not R.transition(ledger, "j", JobState.DISPATCHING, attempt=1)  # a retried write: nothing new
     with pytest.raises(InvalidTransition):
-        R.transition(ledger, "j", JobState.SUCCEEDED, attempt=1)
-    R.transition(ledger, "j", JobState.DISPATCHING, attempt=1)
+        R.transition(ledger, "j", JobState.SUCCEEDED, attempt=1)  # DISPATCHING -> SUCCEEDED is not an edge
     assert R.job(ledger, "j")["state"] == "DISPATCHING"
     assert ledger.scalar("SELECT count(*) FROM job_states WHERE job_id = 'j'") == 3
+    with pytest.raises(NotFound):
+        R.transition(ledger, "nobody", JobState.QUEUED, attempt=1)
+
+
+def test_compare_and_set_lets_one_of_two_racers_win(tmp_path):
+    ledger = fresh(tmp_path)
+    new_job(ledger)
+    wins = [R.transition(ledger, "j", JobState.DISPATCHING, attempt=1, only_from={JobState.QUEUED}) for _ in range(2)]
+    assert wins == [True, False]
 
 
 def test_a_writer_about_an_older_attempt_never_moves_the_job(tmp_path):
-    ledger = Ledger(tmp_path / "l").init()
-    ledger.commit({"jobs": [{"job_id": "j", "created_at": now()}],
-                   "job_states": [R.state_row("j", 1, JobState.CREATED), R.state_row("j", 2, JobState.QUEUED)]})
-    assert not R.transition(ledger, "j", JobState.LOST, attempt=1)
+    ledger = fresh(tmp_path)
+    new_job(ledger)
+    R.transition(ledger, "j", JobState.DISPATCHING, attempt=1)
+    R.transition(ledger, "j", JobState.LOST, attempt=1)
+    R.transition(ledger, "j", JobState.QUEUED, attempt=2)
+    assert not R.transition(ledger, "j", JobState.FAILED, attempt=1)
     assert R.job(ledger, "j")["state"] == "QUEUED"
 
 
-def test_views_keep_one_row_per_key(tmp_path):
-    ledger = Ledger(tmp_path / "l").init()
-    row = {"checkpoint_key": "j/1", "job_id": "j", "step": 1, "sha256": "a", "created_at": now()}
-    ledger.append("checkpoints", row)
-    ledger.append("checkpoints", {**row, "sha256": "b"})
-    assert ledger.rows("SELECT sha256 FROM checkpoints") == [{"sha256": "a"}]  # first wins
-    ledger.append("experiments", {"experiment": "e", "primary_metric": "eval/loss", "created_at": now()})
-    ledger.append("experiments", {"experiment": "e", "primary_metric": "eval/acc", "created_at": now()})
-    assert ledger.scalar("SELECT primary_metric FROM experiments") == "eval/acc"  # settings: last wins
+def test_a_repeated_key_keeps_the_first_row_unless_the_table_updates(tmp_path):
+    ledger = fresh(tmp_path)
+    row = {"checkpoint_key": "j/a1/1", "job_id": "j", "sha256": "a", "created_at": now()}
+    ledger.commit({"checkpoints": [row]})
+    ledger.commit({"checkpoints": [{**row, "sha256": "b"}]})
+    assert ledger.rows("SELECT sha256 FROM checkpoints") == [{"sha256": "a"}]
 
 
-def test_compaction_keeps_every_row(tmp_path):
-    ledger = Ledger(tmp_path / "l").init()
-    for i in range(30):
-        ledger.append("events", R.event("e", job_id=str(i)))
-    before = ledger.query("SELECT event_id FROM events ORDER BY event_id")
-    merged = ledger.compact()
-    assert merged == 30 and ledger.segment_count() == 2
-    after = Ledger(tmp_path / "l").init().query("SELECT event_id FROM events ORDER BY event_id")
-    assert before.equals(after)
+def test_migrations_are_versioned_and_a_newer_ledger_is_refused(tmp_path):
+    ledger = fresh(tmp_path)
+    assert current_version(ledger) == LATEST
+    assert migrate(ledger) == LATEST  # nothing to do the second time
+    con = sqlite3.connect(tmp_path / "l" / "ledger.sqlite")
+    con.execute("INSERT INTO schema_migrations VALUES (?, 'from the future', 0)", [LATEST + 1])
+    con.commit()
+    with pytest.raises(LedgerError, match="newer than this orbit-dagster"):
+        migrate(Ledger(url(tmp_path)))
+
+
+def test_a_home_of_the_parquet_ledger_is_refused_with_the_fix(tmp_path):
+    (tmp_path / "l" / "segments" / "c-1").mkdir(parents=True)
+    with pytest.raises(LedgerError, match="orbit ledger upgrade"):
+        migrate(Ledger(url(tmp_path)))
+
+
+def test_catalog_file_is_usable_by_a_person_with_duckdb(tmp_path):
+    ledger = Ledger.open(url(tmp_path))
+    ledger.append("events", R.event("hello", job_id="j"))
+    con = duckdb.connect(str(tmp_path / "l" / "ledger.duckdb"), read_only=True)
+    assert con.execute("SELECT kind FROM events").fetchall() == [("hello",)]
+    assert con.execute("SELECT count(*) FROM cost_by_job").fetchone() == (0,)
+
+
+def test_cost_views_sum_to_the_bill_with_waste_and_overhead_lines(tmp_path):
+    ledger = fresh(tmp_path)
+    new_job(ledger)
+    lines = [("train", "j/a1/10", 3.0), ("train", "j/a1/20", 2.0), ("wasted", None, 0.5), ("overhead", None, 0.25)]
+    ledger.commit({
+        "instances": [{"instance_id": "i", "job_id": "j", "started_at": 0.0, "stopped_at": 5.75, "usd_per_second": 1.0,
+                       "billed_usd": 5.75, "gpu_count": 2}],
+        "costs": [{"cost_id": f"i:{n}", "instance_id": "i", "job_id": "j", "attempt": 1, "kind": kind,
+                   "checkpoint_key": key, "seconds": usd, "usd": usd, "gpu_count": 2}
+                  for n, (kind, key, usd) in enumerate(lines)],
+    })
+    by_ckpt = ledger.rows("SELECT line, usd FROM cost_by_checkpoint ORDER BY line")
+    assert sum(r["usd"] for r in by_ckpt) == pytest.approx(5.75)
+    assert {r["line"] for r in by_ckpt} == {"j/a1/10", "j/a1/20", "(wasted)", "(overhead)"}
+    job = ledger.one("SELECT * FROM cost_by_job")
+    assert job["usd"] == pytest.approx(5.75) and job["wasted_usd"] == 0.5 and job["overhead_usd"] == 0.25
+    assert job["wasted_gpu_seconds"] == 1.0 and job["eval_usd"] == 0  # never NULL (NaN in pandas)

@@ -36,7 +36,7 @@ def test_docker_argv_pins_the_lease_gpus_mounts_the_lease_and_passes_secrets_by_
     ({"launched": True, "exit": {"code": 75, "failure_class": "reclaim"}}, "exited", "reclaim", 75),
     ({"launched": True, "wrapper_exit": {"returncode": -9}}, "lost", "reclaim", None),
     ({"launched": True, "wrapper_exit": {"returncode": 137}}, "lost", "reclaim", None),
-    ({"launched": True, "wrapper_exit": {"returncode": 1}}, "exited", "crash", 1),
+    ({"launched": True, "wrapper_exit": {"returncode": 1}}, "exited", "infrastructure", 1),
     ({"launched": True, "wrapper_alive": True, "agent_pid": None}, "starting", None, None),
     ({"launched": True, "wrapper_alive": True, "agent_pid": 42, "agent_alive": True}, "running", None, None),
     ({"launched": True, "wrapper_alive": False, "agent_pid": 42, "agent_alive": True}, "running", None, None),
@@ -58,17 +58,17 @@ def test_an_exit_file_wins_over_a_dead_process():
 
 def test_checkpoint_paths_from_a_host_are_checked_before_use(tmp_path):
     store = "file:///w/l1/checkpoints"
-    ok = {"uri": "file:///w/l1/checkpoints/job-a/step-000000004", "step": 4}
-    assert remote_dir_of(ok, store) == "/w/l1/checkpoints/job-a/step-000000004"
-    for bad in ({"uri": "file:///etc/step-000000004", "step": 4},
-                {"uri": "file:///w/l1/checkpoints/../../etc/step-000000004", "step": 4},
-                {"uri": "file:///w/l1/checkpoints/job-a/step-000000005", "step": 4},
-                {"uri": "file:///w/l1/checkpoints/job-a/x/step-000000004", "step": 4}):
+    ok = {"uri": "file:///w/l1/checkpoints/job-a/step-000000004-a1", "step": 4, "attempt": 1}
+    assert remote_dir_of(ok, store) == "/w/l1/checkpoints/job-a/step-000000004-a1"
+    for bad in ({"uri": "file:///etc/step-000000004-a1", "step": 4, "attempt": 1},
+                {"uri": "file:///w/l1/checkpoints/../../etc/step-000000004-a1", "step": 4, "attempt": 1},
+                {"uri": "file:///w/l1/checkpoints/job-a/step-000000005-a1", "step": 4, "attempt": 1},
+                {"uri": "file:///w/l1/checkpoints/job-a/x/step-000000004-a1", "step": 4, "attempt": 1}):
         with pytest.raises(ProviderError):
             remote_dir_of(bad, store)
     for rel in ("../state.pt", "/etc/passwd", "manifest.json"):
         with pytest.raises(ProviderError):
             _safe_rel(rel)
     local = (tmp_path / "store").as_uri()
-    assert rewrite_uri(ok["uri"], store, local) == (tmp_path / "store/job-a/step-000000004").as_uri()
+    assert rewrite_uri(ok["uri"], store, local) == (tmp_path / "store/job-a/step-000000004-a1").as_uri()
     assert rewrite_uri("s3://b/job-a/step-000000004", store, local) == "s3://b/job-a/step-000000004"

@@ -56,7 +56,7 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tmp_path):
     assert (tmp_path / "w1" / "artifacts" / "runtime-precheck.log").read_text().startswith("bundle_sha256: " + b.bundle_hash)
     crashed = agent(b.path, tmp_path / "w2", tmp_path / "s2", "--stop-after-step", "6")
     assert crashed.returncode == 99
-    resume = (tmp_path / "s2" / "job-agent" / "step-000000004").as_uri()
+    resume = (tmp_path / "s2" / "job-agent" / "step-000000004-a1").as_uri()
     resumed = agent(b.path, tmp_path / "w2", tmp_path / "s2", "--attempt", "2", "--resume-from", resume)
     assert resumed.returncode == 0, (tmp_path / "w2" / "agent.log").read_text()
     assert final_weights(tmp_path / "w2") == final_weights(tmp_path / "w1")
