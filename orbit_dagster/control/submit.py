@@ -13,10 +13,11 @@ from ..core.bundle import JobBundle, build_bundle
 from ..core.errors import OrbitError
 from ..core.lifecycle import TERMINAL, JobState
 from ..core.submission import TaskSubmission, apply_overrides
-from ..core.templates import TaskTemplate, load_template
+from ..core.templates import TaskTemplate
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
 from .settings import Settings
+from .validate import validate_retry, validate_submission
 
 
 def _bundle_row(bundle: JobBundle, attempt: int) -> dict:
@@ -69,11 +70,10 @@ def submit(
     project: str = "default",
 ) -> str:
     """Create a job (CREATED then QUEUED) and return its id."""
+    # Raises before anything is written (the ledger is not even opened).
+    template, sub = validate_submission(settings, template_name, overrides, experiment=experiment, project=project)
+    overrides = dict(sub.overrides)
     ledger = settings.ledger()
-    base = load_template(template_name)
-    overrides = dict(overrides or {})
-    template = apply_overrides(base, overrides)  # raises before anything is written
-    sub = TaskSubmission(template=template_name, overrides=overrides, experiment=experiment, project=project)
     job_id = f"{template.name}-{uuid.uuid4().hex[:8]}"
     rows = _experiment_rows(ledger, sub, template)
     bundle = build_bundle(template, sub, job_id, settings.bundles_dir)
@@ -144,7 +144,8 @@ def requeue(
 
 def retry(settings: Settings, job_id: str, overrides: dict[str, Any] | None = None, *, from_scratch: bool = False) -> int:
     """A person's retry: only from a finished attempt (SUCCEEDED, FAILED, CANCELLED)."""
-    row = R.require_job(settings.ledger(), job_id)
+    ledger = settings.ledger()
+    row = R.require_job(ledger, job_id)
     if JobState(row["state"]) not in TERMINAL:
         raise OrbitError(
             f"job {job_id} is {row['state']} (attempt {row['attempt']}); only a finished job can be retried",
@@ -152,6 +153,8 @@ def retry(settings: Settings, job_id: str, overrides: dict[str, Any] | None = No
             value=job_id,
             fix="wait for it to finish, or cancel it first with `orbit cancel`",
         )
+    snapshot = JobBundle.load(R.bundle_for(ledger, job_id, int(row["attempt"]))["path"]).spec.template
+    validate_retry(settings, snapshot, overrides)  # raises before anything is written
     return requeue(settings, job_id, overrides=overrides, reason="retry requested", from_scratch=from_scratch)
 
 
