@@ -44,6 +44,13 @@ def show(value: object) -> str:
     return f"{text[:_SHOWN_CHARS]}... ({size})"
 
 
+def reason(exc: BaseException) -> str:
+    """Why an OS call failed, without the (possibly huge) path the caller already shows."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+
+
 def config_schema(workload: str) -> type[BaseModel]:
     """The `Config` model of a workload (shipped name or directory); a TemplateError naming the fix."""
     from .bundle import workload_dir  # bundle imports the templates, which import this module
@@ -51,7 +58,7 @@ def config_schema(workload: str) -> type[BaseModel]:
     try:
         directory = workload_dir(workload)
     except (OSError, ValueError) as exc:  # a name too long for the filesystem, a NUL byte
-        raise TemplateError(f"workload {show(workload)} cannot be looked up: {exc}", field="workload",
+        raise TemplateError(f"workload {show(workload)} cannot be looked up: {reason(exc)}", field="workload",
                             value=workload, fix="name a shipped workload or an existing directory") from None
     path = directory / SCHEMA_FILE
     fix = (f"add {SCHEMA_FILE} to the workload directory declaring `class {SCHEMA_CLASS}(BaseModel)` with "

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictInt, StringConstraints, ValidationError, ValidationInfo,
+                      field_validator)
 
-from .config_schema import FiniteFloat, config_schema, readable, show, validate_config
+from .config_schema import FiniteFloat, config_schema, readable, reason, show, validate_config
 from .errors import OrbitError, TemplateError
 from .execution import EnvName, EnvValue, LaunchMode, Placement, Resources
 from .hashing import canonical_json
@@ -100,20 +101,29 @@ class TaskTemplate(BaseModel):
     # starts a new lineage.
     resume_compatible: tuple[FieldPath, ...] = Field((), max_length=256)
 
-    @model_validator(mode="after")
-    def _paths_name_real_fields(self) -> "TaskTemplate":
-        data = self.model_dump()
-        for key in self.allow_overrides:
+    # Field validators (not one model validator) so that an error names its field: these
+    # two come last, and `info.data` holds every field validated before them.
+    @field_validator("allow_overrides")
+    @classmethod
+    def _overrides_name_real_fields(cls, keys: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        data = _plain(info.data)
+        for key in keys:
             if not _has_path(data, key):
                 raise ValueError(f"allow_overrides names {key!r}, which is not a field of this template")
-        if self.oom_retry:
-            for key in (self.oom_retry.halve, self.oom_retry.double):
-                if key and key not in self.allow_overrides:
-                    raise ValueError(f"oom_retry changes {key!r}, which must also be in allow_overrides")
-        for key in self.resume_compatible:
+        oom = info.data.get("oom_retry")
+        for key in (oom.halve, oom.double) if oom else ():
+            if key and key not in keys:
+                raise ValueError(f"oom_retry changes {key!r}, which must also be in allow_overrides")
+        return keys
+
+    @field_validator("resume_compatible")
+    @classmethod
+    def _resume_keys_are_config_keys(cls, keys: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        data = _plain(info.data)
+        for key in keys:
             if not key.startswith("config.") or not _has_path(data, key):
                 raise ValueError(f"resume_compatible names {key!r}, which is not a config.* key of this template")
-        return self
+        return keys
 
     @property
     def template_id(self) -> str:
@@ -128,6 +138,10 @@ class TaskTemplate(BaseModel):
             _drop_path(config, key.split(".")[1:])
         text = canonical_json({"workload": self.workload, "entrypoint": self.entrypoint, "config": config})
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _plain(data: dict) -> dict:
+    return {k: v.model_dump() if isinstance(v, BaseModel) else v for k, v in data.items()}
 
 
 def _has_path(data: dict, dotted: str) -> bool:
@@ -202,7 +216,9 @@ def parse_template(text: str, *, source: str) -> TaskTemplate:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise TemplateError(f"template {source} is not valid YAML: {exc}", fix="correct the YAML syntax") from None
+        where = " ".join(str(exc).split())[:300]  # the parser quotes the offending line: keep it short
+        raise TemplateError(f"template {source} is not valid YAML: {where}", field="template", value=source,
+                            fix="correct the YAML syntax") from None
     if not isinstance(raw, dict):
         raise TemplateError(f"template {source} must be a YAML mapping", fix="start the file with `name: ...`")
     return typed_template(raw, context=f"template {source}")
@@ -236,5 +252,5 @@ def _read_template_file(name: str) -> str | None:
                                 field="template", value=name, fix="a template is a short recipe")
         return path.read_text(encoding="utf-8")
     except (OSError, ValueError) as exc:  # unreadable, a name too long, a NUL byte, not UTF-8
-        raise TemplateError(f"template file {show(name)} cannot be read: {exc}", field="template", value=name,
+        raise TemplateError(f"template file {show(name)} cannot be read: {reason(exc)}", field="template", value=name,
                             fix="give a readable .yaml file or a template name (`orbit templates` lists them)") from None
