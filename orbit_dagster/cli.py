@@ -306,11 +306,7 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"error: {_one_line(exc.format_message())}; fix: see `{where} --help`", exc.exit_code)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
-    except BrokenPipeError:
-        # The reader went away (`orbit status | head`): nothing left to say, and nowhere to say it.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(141)
-    except Exception as exc:
+    except Exception as exc:  # (a reader gone away, `orbit status | head`, is click's: a quiet exit 1)
         from .cli_errors import describe_failure
 
         line, code = describe_failure(exc, argv if argv is not None else sys.argv[1:])

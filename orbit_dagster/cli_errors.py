@@ -30,11 +30,13 @@ _PHRASES = (
     ("permission denied", errno.EACCES),
 )
 
+_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
 _FIXES = {
-    errno.ENOSPC: "free space on the disk that holds it, or set ORBIT_HOME to a directory on another disk; "
-                  "nothing was recorded for this command",
-    errno.EDQUOT: "free space within your disk quota (or ask for a larger one), or set ORBIT_HOME elsewhere; "
-                  "nothing was recorded for this command",
+    errno.ENOSPC: "free space on the disk that holds it (or set ORBIT_HOME to a directory on another disk), "
+                  "then run the command again",
+    errno.EDQUOT: "free space within your disk quota (or ask for a larger one, or set ORBIT_HOME elsewhere), "
+                  "then run the command again",
     errno.EROFS: "the file system is read-only: set ORBIT_HOME to a writable directory",
     errno.EACCES: "give this user read and write access to it, or set ORBIT_HOME to a directory you own",
     errno.EPERM: "give this user read and write access to it, or set ORBIT_HOME to a directory you own",
@@ -75,8 +77,9 @@ def disk_error(exc: BaseException) -> tuple[int, str] | None:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, OSError) and current.errno is not None:
-            path = current.filename if current.filename is not None else orbit_home()
-            return current.errno, str(path)
+            # A copy names (source, destination); the disk that refused is the destination's.
+            path = current.filename2 if current.errno in _WRITE_ERRORS and current.filename2 else current.filename
+            return current.errno, str(path if path is not None else orbit_home())
         text = str(current).lower()
         for phrase, code in _PHRASES:
             if phrase in text:
@@ -88,7 +91,8 @@ def disk_error(exc: BaseException) -> tuple[int, str] | None:
 def os_error_line(code: int, path: str, exc: BaseException) -> str:
     reason = os.strerror(code) if code else type(exc).__name__
     fix = _FIXES.get(code, "check the path and try again")
-    return f"error: {reason}: {show(path)}; fix: {fix}"
+    shown = path if len(path) <= _MAX_MESSAGE and path.isprintable() else show(path)
+    return f"error: {reason}: {shown}; fix: {fix}"
 
 
 def internal_error_line(exc: BaseException, argv: list[str]) -> str:
