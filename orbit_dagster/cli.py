@@ -1,6 +1,8 @@
 """`orbit`: a front door to the same paths the Dagster UI drives (not a second orchestrator).
 
-User errors print one line on stderr and exit 2, without a traceback.
+User errors print one line on stderr and exit 2, without a traceback; so do a full or
+read-only disk and a malformed input. Anything else is an internal error: one line, exit 1,
+the traceback in $ORBIT_HOME/logs/cli-errors.log.
 """
 from __future__ import annotations
 
@@ -45,7 +47,12 @@ def cli() -> None:
 def submit(template: str, sets: tuple[str, ...], experiment: str, project: str) -> None:
     """Freeze TEMPLATE (+ overrides) into a bundle and queue it as a new job."""
     from .control.submit import submit as do_submit
+    from .core.submission import check_name, check_template_ref
 
+    # Names first, then the overrides: each refusal names its field before anything is read.
+    check_template_ref(template)
+    check_name("experiment", experiment)
+    check_name("project", project)
     job_id = do_submit(_settings(), template, parse_set_args(sets), experiment=experiment, project=project)
     click.echo(job_id)
     click.echo("queued: the daemon's job_queue_sensor launches it (`make ui` or `orbit daemon` runs one)", err=True)
@@ -58,7 +65,9 @@ def submit(template: str, sets: tuple[str, ...], experiment: str, project: str) 
 def retry(job: str, sets: tuple[str, ...], from_scratch: bool) -> None:
     """Queue a new attempt of JOB (same job id, attempt+1)."""
     from .control.submit import retry as do_retry
+    from .core.submission import check_job_id
 
+    check_job_id(job)
     attempt = do_retry(_settings(), job, parse_set_args(sets), from_scratch=from_scratch)
     click.echo(f"{job}: attempt {attempt} queued")
 
@@ -301,18 +310,36 @@ def ui(port: int) -> None:
     os.execve(exe, [exe, "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "orbit_dagster.definitions"], env)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; every failure is one line on stderr and a non-zero exit, never a traceback."""
     try:
-        cli.main(standalone_mode=False)
+        rc = cli.main(args=argv, prog_name="orbit", standalone_mode=False)
     except OrbitError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        _fail(f"error: {exc}", 2)
     except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
+        _fail("aborted", 130)
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+        where = getattr(getattr(exc, "ctx", None), "command_path", None) or "orbit"
+        _fail(f"error: {_one_line(exc.format_message())}; fix: see `{where} --help`", exc.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as exc:  # (a reader gone away, `orbit status | head`, is click's: a quiet exit 1)
+        from .cli_errors import describe_failure
+
+        line, code = describe_failure(exc, argv if argv is not None else sys.argv[1:])
+        _fail(line, code)
+    else:
+        if isinstance(rc, int) and rc:  # click's Exit(code) under standalone_mode=False
+            sys.exit(rc)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _fail(line: str, code: int) -> None:
+    click.echo(_one_line(line), err=True)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from ..ledger import records as R
 from ..ledger.store import Tx
 from .lineage import next_lineage
 from .settings import Settings
+from .validate import validate_retry, validate_submission
 
 
 def _bundle_row(bundle: JobBundle, attempt: int) -> dict:
@@ -47,10 +48,9 @@ def ensure_experiment(tx: Tx, experiment: str, project: str, template: TaskTempl
 def submit(settings: Settings, template_name: str, overrides: dict[str, Any] | None = None, *,
            experiment: str = "default", project: str = "default") -> str:
     """Create a job (CREATED then QUEUED) and return its id."""
-    from .validate import validate_submission
-
-    overrides = dict(overrides or {})
+    # Raises before anything is written (the ledger is not even opened).
     template, sub = validate_submission(settings, template_name, overrides, experiment=experiment, project=project)
+    overrides = dict(sub.overrides)
     job_id = f"{template.name}-{uuid.uuid4().hex[:8]}"
     bundle = build_bundle(template, sub, job_id, settings.bundles_dir)
     lineage = next_lineage(None, template, 1, from_scratch=True)
@@ -85,8 +85,6 @@ def requeue(settings: Settings, job_id: str, *, overrides: dict[str, Any] | None
     template = old.spec.template
     extra: dict[str, list[dict]] = {}
     if overrides:
-        from .validate import validate_retry
-
         # Applied to the frozen snapshot, not to today's template file: the job stays the job
         # it was, changed only through its own whitelist.
         template = validate_retry(settings, old.spec.template, overrides)
@@ -111,6 +109,8 @@ def retry(settings: Settings, job_id: str, overrides: dict[str, Any] | None = No
     if JobState(row["state"]) not in TERMINAL:
         raise OrbitError(f"job {job_id} is {row['state']} (attempt {row['attempt']}); only a finished job can be retried",
                          field="job", value=job_id, fix="wait for it to finish, or cancel it first with `orbit cancel`")
+    snapshot = JobBundle.load(R.bundle_for(settings.ledger(), job_id, int(row["attempt"]))["path"]).spec.template
+    validate_retry(settings, snapshot, overrides)  # raises before anything is written
     return requeue(settings, job_id, overrides=overrides, reason="retry requested", from_scratch=from_scratch)
 
 

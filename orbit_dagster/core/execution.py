@@ -1,12 +1,19 @@
 """ExecutionRequest: where and how a bundle runs. The backend is chosen by its key, never by env."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 
-Placement = Literal["sim", "ssh_rental", "aws_spot", "local"]
+from .config_schema import FiniteFloat
+
+# Each placement is served by a provider (control/providers.py REGISTRY, keyed
+# f"{placement}_{launch_mode}"); a name no provider serves is not a choice.
+Placement = Literal["sim", "ssh_rental", "aws_spot"]
 LaunchMode = Literal["host_process", "docker_image"]
+
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+EnvValue = Annotated[str, StringConstraints(max_length=4096)]
 
 
 class Resources(BaseModel):
@@ -14,10 +21,11 @@ class Resources(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    gpu: str = Field("any", description="GPU model name (H100, A100-80G, L4, ...) or 'any'")
-    gpu_count: int = Field(1, ge=0)
-    gpu_memory_gb: float = Field(0, ge=0, description="minimum memory per GPU")
-    cpu_threads: int = Field(1, ge=1, description="torch threads, pinned for determinism")
+    gpu: str = Field("any", min_length=1, max_length=64,
+                     description="GPU model name (H100, A100-80G, L4, ...) or 'any'")
+    gpu_count: StrictInt = Field(1, ge=0, le=1024)
+    gpu_memory_gb: FiniteFloat = Field(0, ge=0, le=100_000, description="minimum memory per GPU")
+    cpu_threads: StrictInt = Field(1, ge=1, le=1024, description="torch threads, pinned for determinism")
 
 
 class ExecutionRequest(BaseModel):
@@ -30,11 +38,11 @@ class ExecutionRequest(BaseModel):
     resources: Resources = Resources()
     # Plain settings only. Secrets are never frozen into a bundle: `secret_env` names
     # variables the provider forwards from the control plane's environment at launch.
-    env: dict[str, str] = Field(default_factory=dict)
-    secret_env: tuple[str, ...] = ()
-    image: str | None = None
-    max_price_per_gpu_hour: float | None = Field(None, gt=0)
-    region: str | None = None
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict)
+    secret_env: tuple[EnvName, ...] = ()
+    image: str | None = Field(None, max_length=512)
+    max_price_per_gpu_hour: FiniteFloat | None = Field(None, gt=0)
+    region: str | None = Field(None, max_length=64)
 
     @property
     def backend_key(self) -> str:

@@ -1,43 +1,63 @@
-"""TaskTemplate: a named, versioned recipe, loaded from YAML (shipped or the user's own)."""
+"""TaskTemplate: a named, versioned recipe, loaded from YAML (shipped or the user's own).
+
+A template is valid only together with its workload's config schema (`config.py`, see
+`config_schema`): loading one validates its `config:` against the schema and fills in the
+schema's defaults, so a template in hand always holds the complete, typed config.
+"""
 from __future__ import annotations
 
+import copy
+import hashlib
 import os
 from importlib import resources as importlib_resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictInt, StringConstraints, ValidationError, ValidationInfo,
+                      field_validator)
 
-from .errors import TemplateError
-from .execution import LaunchMode, Placement, Resources
+from .config_schema import FiniteFloat, config_schema, readable, reason, show, validate_config
+from .errors import OrbitError, TemplateError
+from .execution import EnvName, EnvValue, LaunchMode, Placement, Resources
+from .hashing import canonical_json
 
 TaskKind = Literal["train", "eval", "collect", "custom"]
+TEMPLATE_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+MAX_TEMPLATE_BYTES = 1 << 20
+MAX_WORKLOAD_CHARS = 1024
+# A dotted field path (`config.lr`, `resources.gpu`).
+FieldPath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,7}$",
+                                             max_length=128)]
+# A file of the workload directory, by name: no path separators, no `..`.
+FileName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}$")]
 
 
 class CheckpointPolicy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    every_steps: int = Field(50, ge=1, description="durable checkpoint interval when no policy overrides it")
-    memory_every_steps: int = Field(5, ge=1, description="in-memory snapshot interval")
-    interval_policy: Literal["fixed", "young-daly"] = "fixed"
+    every_steps: StrictInt = Field(50, ge=1, description="durable checkpoint interval when no policy overrides it")
+    memory_every_steps: StrictInt = Field(5, ge=1, description="in-memory snapshot interval")
+    # `orbit`: the project's interval policy (docs/policies.md); `young-daly`: the classic
+    # sqrt(2 * save time * MTBF); `fixed`: every_steps as written.
+    interval_policy: Literal["orbit", "fixed", "young-daly"] = "orbit"
     store: Literal["fs", "s3"] = "fs"
-    keep_latest: int = Field(3, ge=1)
-    keep_best: int = Field(2, ge=0)
+    keep_latest: StrictInt = Field(3, ge=1)
+    keep_best: StrictInt = Field(2, ge=0)
 
 
 class PrimaryMetric(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str
+    name: str = Field(min_length=1, max_length=128)
     mode: Literal["min", "max"]
 
 
 class EvalSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    entrypoint: str = "eval.py"
-    suite: str = "heldout"
+    entrypoint: FileName = "eval.py"
+    suite: str = Field("heldout", min_length=1, max_length=64)
 
 
 class OOMRetry(BaseModel):
@@ -45,51 +65,83 @@ class OOMRetry(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    halve: str | None = Field(None, description="config key halved on OOM, e.g. config.micro_batch")
-    double: str | None = Field(None, description="config key doubled on OOM, e.g. config.grad_accum")
+    halve: FieldPath | None = Field(None, description="config key halved on OOM, e.g. config.micro_batch")
+    double: FieldPath | None = Field(None, description="config key doubled on OOM, e.g. config.grad_accum")
 
 
 class TaskTemplate(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
-    version: int = Field(1, ge=1)
+    name: str = Field(pattern=TEMPLATE_NAME)
+    version: StrictInt = Field(1, ge=1)
     kind: TaskKind = "train"
-    description: str = ""
-    workload: str = Field(description="a workload shipped in orbit_dagster.workloads, or a directory path")
-    entrypoint: str = "train.py"
-    inputs: tuple[str, ...] = Field((), description="files of the workload directory copied into inputs/")
+    description: str = Field("", max_length=4096)
+    workload: str = Field(min_length=1, max_length=MAX_WORKLOAD_CHARS,
+                          description="a workload shipped in orbit_dagster.workloads, or a directory path")
+    entrypoint: FileName = "train.py"
+    inputs: tuple[FileName, ...] = Field((), max_length=256, description="files of the workload directory copied into inputs/")
     eval: EvalSpec | None = EvalSpec()
     placement: Placement = "sim"
     launch_mode: LaunchMode = "host_process"
     resources: Resources = Resources()
-    env: dict[str, str] = Field(default_factory=dict)
-    secret_env: tuple[str, ...] = ()
-    image: str | None = None
-    region: str | None = None
-    max_price_per_gpu_hour: float | None = Field(None, gt=0)
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict)
+    secret_env: tuple[EnvName, ...] = ()
+    image: str | None = Field(None, min_length=1, max_length=512, pattern=r"^\S+$")
+    region: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    max_price_per_gpu_hour: FiniteFloat | None = Field(None, gt=0)
+    deadline_hours: FiniteFloat | None = Field(None, gt=0, description="finish within this many hours of submission")
     checkpoint: CheckpointPolicy = CheckpointPolicy()
     primary_metric: PrimaryMetric | None = None
-    max_interruptions: int = Field(5, ge=0)
+    max_interruptions: StrictInt = Field(5, ge=0, le=10_000)
     oom_retry: OOMRetry | None = None
-    config: dict[str, Any] = Field(default_factory=dict, description="workload hyper-parameters")
-    allow_overrides: tuple[str, ...] = ()
+    config: dict[str, Any] = Field(default_factory=dict, description="workload hyper-parameters (its config schema)")
+    allow_overrides: tuple[FieldPath, ...] = Field((), max_length=256)
+    # `config.*` keys whose change keeps a job's checkpoint lineage: a retry may resume across
+    # such a change (more steps, a different micro-batch split); any other config change
+    # starts a new lineage.
+    resume_compatible: tuple[FieldPath, ...] = Field((), max_length=256)
 
-    @model_validator(mode="after")
-    def _overrides_name_real_fields(self) -> "TaskTemplate":
-        data = self.model_dump()
-        for key in self.allow_overrides:
+    # Field validators (not one model validator) so that an error names its field: these
+    # two come last, and `info.data` holds every field validated before them.
+    @field_validator("allow_overrides")
+    @classmethod
+    def _overrides_name_real_fields(cls, keys: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        data = _plain(info.data)
+        for key in keys:
             if not _has_path(data, key):
                 raise ValueError(f"allow_overrides names {key!r}, which is not a field of this template")
-        if self.oom_retry:
-            for key in (self.oom_retry.halve, self.oom_retry.double):
-                if key and key not in self.allow_overrides:
-                    raise ValueError(f"oom_retry changes {key!r}, which must also be in allow_overrides")
-        return self
+        oom = info.data.get("oom_retry")
+        for key in (oom.halve, oom.double) if oom else ():
+            if key and key not in keys:
+                raise ValueError(f"oom_retry changes {key!r}, which must also be in allow_overrides")
+        return keys
+
+    @field_validator("resume_compatible")
+    @classmethod
+    def _resume_keys_are_config_keys(cls, keys: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        data = _plain(info.data)
+        for key in keys:
+            if not key.startswith("config.") or not _has_path(data, key):
+                raise ValueError(f"resume_compatible names {key!r}, which is not a config.* key of this template")
+        return keys
 
     @property
     def template_id(self) -> str:
         return f"{self.name}@v{self.version}"
+
+    def lineage_hash(self) -> str:
+        """sha256 of what makes checkpoints interchangeable: the workload, the entrypoint and
+        the config without the `resume_compatible` keys. Two attempts with the same hash may
+        resume from each other's checkpoints."""
+        config = copy.deepcopy(self.config)
+        for key in self.resume_compatible:
+            _drop_path(config, key.split(".")[1:])
+        text = canonical_json({"workload": self.workload, "entrypoint": self.entrypoint, "config": config})
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _plain(data: dict) -> dict:
+    return {k: v.model_dump() if isinstance(v, BaseModel) else v for k, v in data.items()}
 
 
 def _has_path(data: dict, dotted: str) -> bool:
@@ -99,6 +151,31 @@ def _has_path(data: dict, dotted: str) -> bool:
             return False
         node = node[part]
     return True
+
+
+def _drop_path(data: dict, parts: list[str]) -> None:
+    node: Any = data
+    for part in parts[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop(parts[-1], None)
+
+
+def typed_template(raw: dict, *, context: str, error: type[OrbitError] = TemplateError,
+                   overrides: dict | None = None) -> TaskTemplate:
+    """Validate a template's fields and its config against the workload's schema (defaults filled).
+
+    The config goes first: the whitelist may name a config key the YAML leaves to the
+    schema's default, and it exists only once the schema has filled it in."""
+    workload = raw.get("workload")
+    if isinstance(workload, str) and 0 < len(workload) <= MAX_WORKLOAD_CHARS and "\0" not in workload:
+        schema = config_schema(workload)
+        config = {} if raw.get("config") is None else raw.get("config")
+        raw = {**raw, "config": validate_config(schema, config, error=error, context=context, overrides=overrides)}
+    try:
+        return TaskTemplate.model_validate(raw)
+    except ValidationError as exc:
+        raise readable(exc, TaskTemplate, error=error, context=context, overrides=overrides) from None
 
 
 def user_template_dir() -> Path | None:
@@ -133,36 +210,47 @@ def list_templates(extra_dirs: list[Path] | None = None) -> list[str]:
 
 
 def parse_template(text: str, *, source: str) -> TaskTemplate:
+    if len(text) > MAX_TEMPLATE_BYTES:
+        raise TemplateError(f"template {source} is {len(text)} characters long, more than {MAX_TEMPLATE_BYTES}",
+                            field="template", value=source, fix="a template is a short recipe: move data into inputs")
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise TemplateError(f"template {source} is not valid YAML: {exc}", fix="correct the YAML syntax") from None
+        where = " ".join(str(exc).split())[:300]  # the parser quotes the offending line: keep it short
+        raise TemplateError(f"template {source} is not valid YAML: {where}", field="template", value=source,
+                            fix="correct the YAML syntax") from None
     if not isinstance(raw, dict):
         raise TemplateError(f"template {source} must be a YAML mapping", fix="start the file with `name: ...`")
-    try:
-        return TaskTemplate.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "(template)"
-        raise TemplateError(
-            f"template {source}: field {field!r} {first['msg'].lower()}",
-            field=field,
-            value=first.get("input"),
-            fix="see docs/concepts.md for the template fields",
-        ) from None
+    return typed_template(raw, context=f"template {source}")
 
 
 def load_template(name_or_path: str, extra_dirs: list[Path] | None = None) -> TaskTemplate:
     """Load by name (shipped or user directory) or by a path to a YAML file."""
-    path = Path(name_or_path)
-    if name_or_path.endswith((".yaml", ".yml")) and path.is_file():
-        return parse_template(path.read_text(), source=str(path))
+    if name_or_path.endswith((".yaml", ".yml")):
+        text = _read_template_file(name_or_path)
+        if text is not None:
+            return parse_template(text, source=name_or_path)
     files = _template_files(extra_dirs)
     if name_or_path not in files:
         raise TemplateError(
-            f"no template named {name_or_path!r}",
+            f"no template named {show(name_or_path)}",
             field="template",
             value=name_or_path,
             fix=f"use one of: {', '.join(sorted(files)) or '(none)'}, or a path to a .yaml file",
         )
     return parse_template(files[name_or_path].read_text(), source=name_or_path)
+
+
+def _read_template_file(name: str) -> str | None:
+    """The text of a template given by path; None when no such file (then it is looked up by name)."""
+    try:
+        path = Path(name)
+        if not path.is_file():
+            return None
+        if path.stat().st_size > MAX_TEMPLATE_BYTES:
+            raise TemplateError(f"template {show(name)} is larger than {MAX_TEMPLATE_BYTES} bytes",
+                                field="template", value=name, fix="a template is a short recipe")
+        return path.read_text(encoding="utf-8")
+    except (OSError, ValueError) as exc:  # unreadable, a name too long, a NUL byte, not UTF-8
+        raise TemplateError(f"template file {show(name)} cannot be read: {reason(exc)}", field="template", value=name,
+                            fix="give a readable .yaml file or a template name (`orbit templates` lists them)") from None

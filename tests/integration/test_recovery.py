@@ -114,13 +114,29 @@ def test_oom_retries_once_with_the_whitelisted_change(settings):
     assert run_attempt(settings, job).state == "SUCCEEDED"
 
 
-def test_a_second_oom_and_a_user_error_are_not_retried(settings):
+def raising_template(root) -> str:
+    """A template whose workload raises at run time: a user error the submission checks cannot see
+    (an invalid config such as lr=-1 is refused at submission now)."""
+    import shutil
+    from pathlib import Path
+
+    import orbit_dagster.workloads as shipped
+
+    wl = root / "raising"
+    wl.mkdir()
+    shutil.copy(Path(shipped.__file__).parent / "charlm" / "config.py", wl / "config.py")
+    (wl / "train.py").write_text("def main(ctx):\n    raise ValueError('the workload refuses its input')\n")
+    (root / "raising.yaml").write_text(f"name: raising\nworkload: {wl}\neval: null\n")
+    return str(root / "raising.yaml")
+
+
+def test_a_second_oom_and_a_user_error_are_not_retried(settings, tmp_path):
     ledger = settings.ledger()
     job = submit(settings, "charlm-finetune", {"config.steps": 6, "config.device_memory_mb": 1})
     assert run_attempt(settings, job).failure_class == "oom"
     assert run_attempt(settings, job).failure_class == "oom"  # attempt 2, halved, still too big
     assert R.require_job(ledger, job)["state"] == "FAILED"
-    bad = submit(settings, "charlm-finetune", {"config.lr": -1.0})
+    bad = submit(settings, raising_template(tmp_path), {})
     out = run_attempt(settings, bad)
     assert (out.state, out.failure_class, out.exit_code) == ("FAILED", "user_error", 1)
     row = R.require_job(ledger, bad)

@@ -19,8 +19,11 @@ SMALL = {"config.steps": 12, "checkpoint.every_steps": 4}
 
 def small_bundle(root: Path, **extra):
     t = load_template("charlm-finetune")
-    t = apply_overrides(t, {**SMALL, **extra})
-    cfg = {**t.config, "d_model": 32, "n_heads": 2, "n_layers": 1, "seq_len": 32, "micro_batch": 4, "grad_accum": 1}
+    # config.* values go in unvalidated: these tests hand the agent values a submission refuses (lr=-1).
+    raw = {k.split(".", 1)[1]: v for k, v in extra.items() if k.startswith("config.")}
+    t = apply_overrides(t, {**SMALL, **{k: v for k, v in extra.items() if not k.startswith("config.")}})
+    cfg = {**t.config, "d_model": 32, "n_heads": 2, "n_layers": 1, "seq_len": 32, "micro_batch": 4, "grad_accum": 1,
+           **raw}
     t = t.model_copy(update={"config": cfg})
     return build_bundle(t, TaskSubmission(template=t.name), "job-agent", root / "bundles")
 

@@ -1,0 +1,111 @@
+"""What the `orbit` CLI says about a failure that is not an OrbitError: one line and an exit code.
+
+- a pydantic ValidationError: the field, the value and what it takes (exit 2);
+- a full, over-quota, read-only or forbidden disk, or any other OSError: the path and the
+  fix (exit 2). SQLite and DuckDB report a full disk in words rather than as an OSError;
+  those words are recognised too;
+- anything else is a defect of ours: `internal error (<Type>): <msg>; details in <log>`
+  (exit 1), the traceback appended to `$ORBIT_HOME/logs/cli-errors.log` when the disk allows.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .core.config_schema import show
+
+LOG_NAME = "cli-errors.log"
+_MAX_MESSAGE = 300
+
+# Phrases of the C library's strerror and of SQLite/DuckDB messages -> the errno they mean.
+_PHRASES = (
+    ("no space left on device", errno.ENOSPC),
+    ("database or disk is full", errno.ENOSPC),
+    ("disk quota exceeded", errno.EDQUOT),
+    ("read-only file system", errno.EROFS),
+    ("readonly database", errno.EROFS),
+    ("permission denied", errno.EACCES),
+)
+
+_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+_FIXES = {
+    errno.ENOSPC: "free space on the disk that holds it (or set ORBIT_HOME to a directory on another disk), "
+                  "then run the command again",
+    errno.EDQUOT: "free space within your disk quota (or ask for a larger one, or set ORBIT_HOME elsewhere), "
+                  "then run the command again",
+    errno.EROFS: "the file system is read-only: set ORBIT_HOME to a writable directory",
+    errno.EACCES: "give this user read and write access to it, or set ORBIT_HOME to a directory you own",
+    errno.EPERM: "give this user read and write access to it, or set ORBIT_HOME to a directory you own",
+    errno.ENOENT: "check the path: it does not exist",
+    errno.ENAMETOOLONG: "use a shorter path",
+}
+
+
+def orbit_home() -> Path:
+    return Path(os.environ.get("ORBIT_HOME") or ".orbit").expanduser()
+
+
+def describe_failure(exc: BaseException, argv: list[str]) -> tuple[str, int]:
+    """(one line for stderr, exit code)."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return validation_line(exc), 2
+    disk = disk_error(exc)
+    if disk is not None:
+        code, path = disk
+        return os_error_line(code, path, exc), 2
+    return internal_error_line(exc, argv), 1
+
+
+def validation_line(exc) -> str:
+    err = exc.errors(include_url=False)[0]
+    field = ".".join(str(p) for p in err["loc"]) or exc.title
+    msg = err["msg"].removeprefix("Value error, ")
+    value = "" if err["type"] == "missing" else f" (value: {show(err.get('input'))})"
+    return f"error: invalid {exc.title} field {field!r}: {msg}{value}; fix: correct {field}"
+
+
+def disk_error(exc: BaseException) -> tuple[int, str] | None:
+    """(errno, path) when the failure, or one it was raised from, is a file system's refusal."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno is not None:
+            # A copy names (source, destination); the disk that refused is the destination's.
+            path = current.filename2 if current.errno in _WRITE_ERRORS and current.filename2 else current.filename
+            return current.errno, str(path if path is not None else orbit_home())
+        text = str(current).lower()
+        for phrase, code in _PHRASES:
+            if phrase in text:
+                return code, str(orbit_home())
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def os_error_line(code: int, path: str, exc: BaseException) -> str:
+    reason = os.strerror(code) if code else type(exc).__name__
+    fix = _FIXES.get(code, "check the path and try again")
+    shown = path if len(path) <= _MAX_MESSAGE and path.isprintable() else show(path)
+    return f"error: {reason}: {shown}; fix: {fix}"
+
+
+def internal_error_line(exc: BaseException, argv: list[str]) -> str:
+    message = " ".join(str(exc).split())[:_MAX_MESSAGE] or "(no message)"
+    log = orbit_home() / "logs" / LOG_NAME
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a", encoding="utf-8") as fh:
+            # The command name only: its arguments may hold values a person would not want logged.
+            command = argv[0] if argv and not argv[0].startswith("-") else "(none)"
+            fh.write(f"--- {datetime.now(timezone.utc).isoformat()} orbit {command}\n")
+            fh.write("".join(traceback.format_exception(exc)))
+        where = f"details in {log}"
+    except OSError as err:
+        where = f"the details could not be written to {log} ({err.strerror or err})"
+    return f"internal error ({type(exc).__name__}): {message}; {where}"
