@@ -24,7 +24,7 @@ def _ssh(settings: Settings) -> Provider:
 
 def _aws(settings: Settings) -> Provider:
     # Credentials: boto3's standard chain only (environment, profile, instance role); none
-    # are read, stored or logged here.
+    # are read, stored or logged here. Everything else comes from ORBIT_AWS_* (settings.py).
     from ..catalog.aws import parse_spot_price_history
     from ..providers.aws import AwsSpotProvider
 
@@ -33,9 +33,14 @@ def _aws(settings: Settings) -> Provider:
     # $ORBIT_HOME/aws_spot_prices.tsv, e.g. where the history API is not reachable.
     prices_file = settings.home / "aws_spot_prices.tsv"
     prices = parse_spot_price_history(prices_file) if prices_file.is_file() else []
-    return AwsSpotProvider(region=settings.aws_region, endpoint_url=settings.aws_endpoint_url,
-                           state_dir=settings.home / "aws", image_id=settings.aws_image_id,
-                           static_spot_prices=prices)
+    s = settings
+    return AwsSpotProvider(region=s.aws_region, endpoint_url=s.aws_endpoint_url, state_dir=s.home / "aws",
+                           image_id=s.aws_image_id, static_spot_prices=prices, ssh_cidrs=s.aws_ssh_cidrs,
+                           security_group_ids=s.aws_security_group_ids, subnet_id=s.aws_subnet_id,
+                           key_name=s.aws_key_name, instance_profile=s.aws_instance_profile, ssh_user=s.aws_ssh_user,
+                           address=s.aws_address, ssh_endpoint=s.aws_ssh_endpoint, python=s.aws_python,
+                           workdir=s.aws_workdir, metadata_url=s.aws_metadata_url,
+                           boot_timeout_s=s.aws_boot_timeout_s, terminate_grace_s=s.aws_terminate_grace_s)
 
 
 REGISTRY: dict[str, Callable[[Settings], Provider]] = {

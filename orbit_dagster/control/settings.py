@@ -9,6 +9,23 @@ from ..core.errors import OrbitError
 from ..ledger import Ledger
 
 
+def _words(text: str | None) -> tuple[str, ...]:
+    """A comma- or space-separated list from the environment."""
+    return tuple(w for w in (text or "").replace(",", " ").split() if w)
+
+
+def _seconds(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise OrbitError(f"{name}={text!r} is not a positive number of seconds", field=name, value=text,
+                         fix=f"e.g. {name}={default:g}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -25,6 +42,23 @@ class Settings:
     aws_region: str = "us-east-1"
     aws_endpoint_url: str | None = None
     aws_image_id: str | None = None
+    # AWS hosts (docs/providers-aws.md): who may reach their SSH port (CIDRs, required unless
+    # own security groups are given), how orbit reaches them (user, public/private IP, or a
+    # tunnel/bastion endpoint host:port), what runs there (interpreter with torch, workdir),
+    # the metadata URL the agent polls for notices, and how long a boot / a stop may take.
+    aws_ssh_cidrs: tuple[str, ...] = ()
+    aws_security_group_ids: tuple[str, ...] = ()
+    aws_subnet_id: str | None = None
+    aws_key_name: str | None = None
+    aws_instance_profile: str | None = None
+    aws_ssh_user: str = "ubuntu"
+    aws_address: str = "public"
+    aws_ssh_endpoint: str | None = None
+    aws_python: str = "python3"
+    aws_workdir: str = "~/orbit"
+    aws_metadata_url: str = "http://169.254.169.254"
+    aws_boot_timeout_s: float = 600.0
+    aws_terminate_grace_s: float = 60.0
     # Proactive migration compares an offer's risk over windows of this many seconds.
     migration_window_s: float = 600.0
     # The ledger's database: SQLite under the home by default; a team points every machine at
@@ -44,6 +78,19 @@ class Settings:
             aws_region=os.environ.get("ORBIT_AWS_REGION") or os.environ.get("AWS_REGION") or "us-east-1",
             aws_endpoint_url=os.environ.get("ORBIT_AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL") or None,
             aws_image_id=os.environ.get("ORBIT_AWS_IMAGE_ID") or None,
+            aws_ssh_cidrs=_words(os.environ.get("ORBIT_AWS_SSH_CIDR")),
+            aws_security_group_ids=_words(os.environ.get("ORBIT_AWS_SECURITY_GROUP_IDS")),
+            aws_subnet_id=os.environ.get("ORBIT_AWS_SUBNET_ID") or None,
+            aws_key_name=os.environ.get("ORBIT_AWS_KEY_NAME") or None,
+            aws_instance_profile=os.environ.get("ORBIT_AWS_INSTANCE_PROFILE") or None,
+            aws_ssh_user=os.environ.get("ORBIT_AWS_SSH_USER") or "ubuntu",
+            aws_address=os.environ.get("ORBIT_AWS_ADDRESS") or "public",
+            aws_ssh_endpoint=os.environ.get("ORBIT_AWS_SSH_ENDPOINT") or None,
+            aws_python=os.environ.get("ORBIT_AWS_PYTHON") or "python3",
+            aws_workdir=os.environ.get("ORBIT_AWS_WORKDIR") or "~/orbit",
+            aws_metadata_url=os.environ.get("ORBIT_AWS_METADATA_URL") or "http://169.254.169.254",
+            aws_boot_timeout_s=_seconds("ORBIT_AWS_BOOT_TIMEOUT_S", 600.0),
+            aws_terminate_grace_s=_seconds("ORBIT_AWS_TERMINATE_GRACE_S", 60.0),
             migration_window_s=float(os.environ.get("ORBIT_MIGRATION_WINDOW_S", 600)),
             ledger_url_setting=os.environ.get("ORBIT_LEDGER_URL") or None,
         )

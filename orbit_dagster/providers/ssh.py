@@ -129,7 +129,8 @@ class SshProvider:
             return [h.offer() for h in hosts]
         return [h.offer(resources.gpu_count) for h in hosts if h.fits(resources)]
 
-    def provision(self, offer: Offer, *, tags: dict[str, str]) -> InstanceHandle:
+    def provision(self, offer: Offer, *, tags: dict[str, str], instance_id: str | None = None) -> InstanceHandle:
+        """A lease of the offer's slots; `instance_id` names it (the aws provider uses the EC2 id)."""
         name = offer.offer_id.split(":", 1)[-1]
         try:
             host = self.inventory.host(name)
@@ -138,7 +139,7 @@ class SshProvider:
         if offer.gpu_count > host.gpus.count:
             raise NoCapacity(f"ssh host {name!r} has {host.gpus.count} GPUs; the offer asks for {offer.gpu_count}",
                              provider=self.name, retryable=False, fix="ask for fewer GPUs or another host")
-        instance_id = f"ssh-{name}-{uuid.uuid4().hex[:10]}"
+        instance_id = instance_id or f"ssh-{name}-{uuid.uuid4().hex[:10]}"
         root = self.hosts.root(name)
         lease = self.hosts.helper(name, "lease-open", {
             "root": root, "instance_id": instance_id, "need": offer.gpu_count, "total": host.gpus.count,

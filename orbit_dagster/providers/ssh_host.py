@@ -286,8 +286,31 @@ def status(req):
     return out
 
 
+def imds_notice(req):
+    """The spot interruption notice the instance's metadata service serves now ({} when none).
+
+    For an EC2 host: what the agent polls, read by the control plane too (IMDSv2 token
+    first; an endpoint that serves only v1 answers the plain GET).
+    """
+    import urllib.request
+
+    base, headers = req["url"].rstrip("/"), {}
+    try:
+        put = urllib.request.Request(base + "/latest/api/token", method="PUT",
+                                     headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+        headers["X-aws-ec2-metadata-token"] = urllib.request.urlopen(put, timeout=2).read().decode().strip()
+    except (IOError, OSError):  # urllib's errors are OSErrors
+        pass
+    try:
+        get = urllib.request.Request(base + "/latest/meta-data/spot/instance-action", headers=headers)
+        notice = json.loads(urllib.request.urlopen(get, timeout=2).read().decode() or "{}")
+    except (IOError, OSError, ValueError):  # 404: no notice scheduled
+        return {}
+    return notice if isinstance(notice, dict) and notice.get("action") in ("terminate", "stop", "hibernate") else {}
+
+
 COMMANDS = {"lease-open": lease_open, "lease-read": lease_read, "lease-close": lease_close, "hash": hash_files,
-            "verify-checkpoint": verify_checkpoint, "launch": launch, "status": status}
+            "verify-checkpoint": verify_checkpoint, "launch": launch, "status": status, "imds-notice": imds_notice}
 
 
 def main(argv):

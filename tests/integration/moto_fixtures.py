@@ -4,15 +4,25 @@ Import the fixtures into a test module (`from tests.integration.moto_fixtures im
 they are not in a conftest on purpose. The server is started once per module that imports
 it (session scope, but each importing module holds its own fixture object) and is shared
 by the module's tests, so every test names its own bucket, tags and ids.
+
+moto runs no machine. `ec2_host` stands in for what EC2 and cloud-init do on a real
+network: for the instance orbit launched, a real sshd on loopback with the host key from
+that instance's user-data and the key pair's public key as EC2 reports it, up while EC2
+says the instance runs; and an instance metadata service (IMDSv2, a notice on demand).
 """
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import socket
+import sys
+import threading
 import urllib.request
 import uuid
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -103,3 +113,156 @@ def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class MetadataStandIn:
+    """The instance metadata service on loopback, IMDSv2 only (as orbit launches instances):
+    a GET without a token from `PUT /latest/api/token` gets 401; the spot notice on demand."""
+
+    def __init__(self):
+        self.notice: dict | None = None
+        self.tokens: set[str] = set()
+        self.refused = 0
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _reply(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_PUT(self):  # noqa: N802 - http.server's name
+                if self.path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                    return self._reply(400, b"")
+                token = uuid.uuid4().hex
+                stand_in.tokens.add(token)
+                self._reply(200, token.encode())
+
+            def do_GET(self):  # noqa: N802
+                if self.headers.get("X-aws-ec2-metadata-token") not in stand_in.tokens:
+                    stand_in.refused += 1
+                    return self._reply(401, b"Unauthorized")
+                if self.path == "/latest/meta-data/spot/instance-action" and stand_in.notice:
+                    return self._reply(200, json.dumps(stand_in.notice).encode())
+                self._reply(404, b"Not Found")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def schedule(self, *, in_seconds: float = 120, action: str = "terminate") -> dict:
+        from datetime import datetime, timedelta, timezone
+
+        at = datetime.now(timezone.utc) + timedelta(seconds=in_seconds)
+        self.notice = {"action": action, "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        return self.notice
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Ec2HostStandIn:
+    """Serves the newest running instance orbit launched (tag orbit/managed-by) on one loopback
+    port: an sshd with the host key from its user-data and the key pair's public key, as
+    cloud-init installs them; stopped when EC2 says the instance no longer runs. A new
+    instance comes up with no notice on its metadata service. `impostor=True`: the sshd
+    presents another host key (a man in the middle)."""
+
+    def __init__(self, url: str, root: Path, metadata: MetadataStandIn, workdir: Path):
+        from tests.integration.sshd import free_port
+
+        self.url, self.root, self.metadata, self.workdir = url, root, metadata, workdir
+        self.port = free_port()
+        self.impostor = False
+        self.served: list[str] = []
+        self.errors: list[str] = []
+        self._current: tuple[str, object] | None = None
+        self._stop = threading.Event()
+        self._ec2 = client("ec2", url)
+        self._thread = threading.Thread(target=self._run, name="ec2-host-stand-in", daemon=True)
+        self._thread.start()
+
+    @property
+    def provider_kwargs(self) -> dict:
+        """What an operator would configure, pointed at the stand-in (for AwsSpotProvider(...))."""
+        return {"ssh_endpoint": f"127.0.0.1:{self.port}", "ssh_user": getpass.getuser(), "python": sys.executable,
+                "workdir": str(self.workdir), "ssh_cidrs": ("127.0.0.1/32",), "metadata_url": self.metadata.url,
+                "terminate_grace_s": 10.0, "boot_timeout_s": 60.0}
+
+    def environment(self) -> dict[str, str]:
+        """The same, as the ORBIT_AWS_* variables `Settings.from_env` reads."""
+        k = self.provider_kwargs
+        return {"ORBIT_AWS_SSH_ENDPOINT": k["ssh_endpoint"], "ORBIT_AWS_SSH_USER": k["ssh_user"],
+                "ORBIT_AWS_PYTHON": k["python"], "ORBIT_AWS_WORKDIR": k["workdir"],
+                "ORBIT_AWS_SSH_CIDR": "127.0.0.1/32", "ORBIT_AWS_METADATA_URL": k["metadata_url"],
+                "ORBIT_AWS_TERMINATE_GRACE_S": "10", "ORBIT_AWS_BOOT_TIMEOUT_S": "60"}
+
+    @property
+    def serving(self) -> str | None:
+        return self._current[0] if self._current else None
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            try:
+                self._tick()
+            except Exception as exc:  # noqa: BLE001 - reported by the tests through `errors`
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def _tick(self) -> None:
+        reservations = self._ec2.describe_instances(Filters=[
+            {"Name": "tag:orbit/managed-by", "Values": ["orbit-dagster"]},
+            {"Name": "instance-state-name", "Values": ["running"]}])["Reservations"]
+        running = sorted((i for r in reservations for i in r["Instances"]), key=lambda i: (i["LaunchTime"], i["InstanceId"]))
+        newest = running[-1]["InstanceId"] if running else None
+        if self._current and self._current[0] != newest:
+            self._current[1].stop()  # the machine went with its instance
+            self._current = None
+        if newest and self._current is None:
+            self._current = (newest, self._boot(running[-1]))
+            self.served.append(newest)
+
+    def _boot(self, inst: dict):
+        import base64
+
+        from orbit_dagster.providers.aws_bootstrap import host_key_from_user_data, new_ed25519
+        from tests.integration.sshd import start_sshd
+
+        data = self._ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")
+        host_key = host_key_from_user_data(base64.b64decode(data["UserData"]["Value"]).decode())
+        if self.impostor:
+            host_key = new_ed25519("impostor")
+        pair = self._ec2.describe_key_pairs(KeyNames=[inst["KeyName"]], IncludePublicKey=True)["KeyPairs"][0]
+        self.metadata.notice = None
+        return start_sshd(self.root / inst["InstanceId"], host_key=host_key.private_openssh,
+                          authorized_key=pair["PublicKey"], port=self.port)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        if self._current:
+            self._current[1].stop()
+            self._current = None
+
+
+@pytest.fixture
+def ec2_host(aws_env, tmp_path) -> Iterator[Ec2HostStandIn]:
+    """The stand-in machine (sshd + metadata service) for the instances a test launches."""
+    from tests.integration.conftest import kill_workloads_under
+    from tests.integration.sshd import sshd_missing_reason
+
+    reason = sshd_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    metadata = MetadataStandIn()
+    host = Ec2HostStandIn(aws_env, tmp_path / "ec2-hosts", metadata, tmp_path / "instance-disk")
+    try:
+        yield host
+    finally:
+        host.close()
+        metadata.close()
+        kill_workloads_under(host.workdir)

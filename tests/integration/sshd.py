@@ -67,19 +67,29 @@ class Sshd:
                 self.proc.wait(5)
 
 
-def start_sshd(root: Path) -> Sshd:
+def start_sshd(root: Path, *, host_key: str | None = None, authorized_key: str | None = None,
+               port: int | None = None) -> Sshd:
+    """`host_key` (OpenSSH private key text) and `authorized_key` (a public line) replace the
+    generated ones, as cloud-init installs them on an EC2 instance; `port` fixes the port."""
     root.mkdir(parents=True, exist_ok=True)
-    host_key = root / "host_ed25519"
-    host_pub = keygen(host_key, "orbit-test-host").split()
+    host_key_file = root / "host_ed25519"
+    if host_key is None:
+        host_pub = keygen(host_key_file, "orbit-test-host").split()
+    else:
+        fd = os.open(host_key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(host_key)
+        host_pub = subprocess.run([SSH_KEYGEN, "-y", "-f", str(host_key_file)], check=True, capture_output=True,
+                                  text=True).stdout.split()
     user_key = root / "user_ed25519"
-    (root / "authorized_keys").write_text(keygen(user_key, "orbit-test-user") + "\n")
-    port, throttled = free_port(), free_port()
+    (root / "authorized_keys").write_text((authorized_key or keygen(user_key, "orbit-test-user")) + "\n")
+    port, throttled = port or free_port(), free_port()
     config = root / "sshd_config"
     config.write_text("\n".join([
         f"Port {port}",
         f"Port {throttled}",
         "ListenAddress 127.0.0.1",
-        f"HostKey {host_key}",
+        f"HostKey {host_key_file}",
         f"PidFile {root / 'sshd.pid'}",
         f"AuthorizedKeysFile {root / 'authorized_keys'}",
         "PasswordAuthentication no",

@@ -2,11 +2,11 @@
 market, an SSH rental host (a real sshd on loopback), AWS EC2 spot (moto's server)."""
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.evaluate import evaluate_checkpoint
-from orbit_dagster.control.providers import provider_for
 from orbit_dagster.control.settings import Settings
 from orbit_dagster.control.submit import submit
 from orbit_dagster.storage import store_of
-from tests.integration.moto_fixtures import REGION, ami, aws_env, moto_ami, moto_server, s3_bucket  # noqa: F401
+from tests.integration.moto_fixtures import (REGION, ami, aws_env, ec2_host, moto_ami,  # noqa: F401
+                                             moto_server, s3_bucket)
 
 SMALL = {"config.steps": 8, "checkpoint.every_steps": 4}
 
@@ -42,17 +42,16 @@ def test_ssh_rental_host_on_loopback(orbit_home, ssh_inventory, monkeypatch):
     assert ledger.scalar("SELECT gpu_slots FROM instances WHERE job_id = ? AND purpose = 'train'", [job]) is not None
 
 
-def test_aws_spot_through_moto(orbit_home, aws_env, ami, s3_bucket, monkeypatch):
+def test_aws_spot_through_moto(orbit_home, aws_env, ami, s3_bucket, ec2_host, monkeypatch):
     orbit_home.mkdir(parents=True, exist_ok=True)
     (orbit_home / "aws_spot_prices.tsv").write_text("use1-az1\tg6.xlarge\tLinux/UNIX\t0.35\t2026-01-01T00:00:00Z\n")
     monkeypatch.setenv("ORBIT_AWS_ENDPOINT_URL", aws_env)
     monkeypatch.setenv("ORBIT_AWS_IMAGE_ID", ami)
+    for k, v in ec2_host.environment().items():  # the instances' SSH stands in on loopback
+        monkeypatch.setenv(k, v)
     monkeypatch.setenv("ORBIT_CHECKPOINT_STORE", f"s3://{s3_bucket}/ckpt")  # hosts on EC2 write to S3
     settings = Settings.from_env(orbit_home)
-    try:
-        job = run_the_example(settings, "aws_spot")
-    finally:
-        provider_for(settings, "aws_spot_host_process").transport.kill_all()
+    job = run_the_example(settings, "aws_spot")
     ledger = settings.ledger()
     assert ledger.scalar("SELECT provider FROM runs WHERE job_id = ?", [job]) == "aws"
     assert all(c["uri"].startswith(f"s3://{s3_bucket}/ckpt/") for c in ledger.rows(
