@@ -81,13 +81,16 @@ def cell_summary(rows: list[dict]) -> list[dict]:
     out = []
     for (notice, lost, save), rs in cells.items():
         ratios = {p: [] for p in BASELINES + ("orbit",)}
+        near = []
         for r in rs:
             by = _by(r["res"]["results"])
             h = by["hindsight"]["overhead_gpu_hours"]
             for p in ratios:
                 ratios[p].append(_ratio(by[p]["overhead_gpu_hours"], h))
+            near.append(_ratio(by["orbit"]["overhead_gpu_hours"], by["hindsight"]["neighbours_overhead_gpu_hours"]))
         mean = {p: statistics.fmean(v) for p, v in ratios.items()}
         out.append({"notice": notice, "lost": lost, "save": save, "traces": len(rs), "mean": mean,
+                    "orbit_vs_neighbours_max": max(near),
                     "orbit_max": max(ratios["orbit"]), "orbit_min": min(ratios["orbit"]),
                     "within_goal": all(x <= GOAL_RATIO + 1e-9 for x in ratios["orbit"]),
                     "beats_baselines": all(mean["orbit"] < mean[p] for p in BASELINES)})
@@ -99,15 +102,16 @@ def _f(x: float | None, nd: int = 3) -> str:
 
 
 def summary_table(cells: list[dict]) -> list[str]:
-    head = " | ".join(BASELINES)
-    out = [f"| notice | save s | orbit / hindsight (min-max) | <= {GOAL_RATIO} on every trace | mean ratio to hindsight: "
-           f"{head} \\| orbit | orbit lowest on the mean |",
-           "|---|---|---|---|---|---|"]
+    head = " / ".join(BASELINES)
+    out = [f"| notice | save s | orbit / hindsight (min-max) | <= {GOAL_RATIO} on every trace "
+           f"| orbit / hindsight's grid neighbours (max) | mean ratio to hindsight: {head} | orbit "
+           "| orbit lowest on the mean |",
+           "|---|---|---|---|---|---|---|---|"]
     for c in cells:
         means = " / ".join(_f(c["mean"][p], 2) for p in BASELINES)
         out.append(f"| {_cell_name(c['notice'], c['lost'])} | {c['save']:g} | {_f(c['orbit_min'])}-{_f(c['orbit_max'])} "
-                   f"| {'yes' if c['within_goal'] else '**no**'} | {means} \\| **{_f(c['mean']['orbit'], 2)}** "
-                   f"| {'yes' if c['beats_baselines'] else '**no**'} |")
+                   f"| {'yes' if c['within_goal'] else '**no**'} | {_f(c['orbit_vs_neighbours_max'])} | {means} "
+                   f"| **{_f(c['mean']['orbit'], 2)}** | {'yes' if c['beats_baselines'] else '**no**'} |")
     return out
 
 
@@ -182,7 +186,10 @@ def run(data_dir: Path, starts: int, quick: bool, log=print) -> tuple[str, dict]
         "Definitions: docs/policies.md.", "",
         "### Checkpoint interval: total overhead against the hindsight-best fixed interval", "",
         "Total overhead = wasted + checkpoint + restart GPU-hours per job. Ratios are each policy's overhead divided "
-        "by hindsight's on the same trace and cell, then averaged over the traces.", "",
+        "by hindsight's on the same trace and cell, then averaged over the traces. Hindsight picks the best of 49 "
+        "fixed intervals on the realised trace, so part of its edge is the luck of that choice: the column "
+        "\"grid neighbours\" divides orbit's overhead by the mean overhead of the two intervals beside hindsight's "
+        "choice (13% shorter and longer).", "",
         *summary_table(cells), "",
         "Mean over the whole grid of the ratio to hindsight: " + ", ".join(
             f"{p} {grid_mean[p]:.3f}" for p in BASELINES + ("orbit",)) + ".", "",

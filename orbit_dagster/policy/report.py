@@ -111,8 +111,14 @@ def _checkpoint_results(trace: Trace, names, jobs: list[JobParams], band: int, m
     for name in names:
         extra: dict[str, Any] = {}
         if name == "hindsight":
-            tau, rs = hindsight(trace, jobs, uses_notice=True)
+            curve: dict[float, float] = {}
+            tau, rs = hindsight(trace, jobs, uses_notice=True, curve=curve)
             extra["interval_s"] = None if math.isinf(tau) else tau
+            taus = list(curve)
+            i = taus.index(tau)
+            near = [curve[taus[j]] for j in (i - 1, i + 1) if 0 <= j < len(taus)]
+            # the mean of the two grid intervals beside the best (13% shorter and longer)
+            extra["neighbours_overhead_gpu_hours"] = round(sum(near) / len(near) * market.gpus / 3600, 4)
         else:
             def make(name=name):
                 return make_strategy(name, model=m, band=band, save_s=job.save_s, notice_s=job.notice_s,

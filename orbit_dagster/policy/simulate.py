@@ -255,17 +255,22 @@ HINDSIGHT_GRID_S = tuple(round(120.0 * (360.0 ** (i / 47)), 1) for i in range(48
 
 
 def hindsight(trace: Trace, jobs: list[JobParams], *, uses_notice: bool,
-              grid: tuple[float, ...] = HINDSIGHT_GRID_S) -> tuple[float, list[ReplayResult]]:
+              grid: tuple[float, ...] = HINDSIGHT_GRID_S,
+              curve: dict[float, float] | None = None) -> tuple[float, list[ReplayResult]]:
     """The best *fixed* interval for this very trace: the offline baseline.
 
     It may look at the whole trace, future included, to choose one interval for all the
     jobs replayed on it, and it gets the same notice handling as ``orbit`` (``uses_notice``).
     Best = most jobs finished, then the fewest paid GPU-seconds, then the least waste.
+    ``curve``, when given, receives every interval's mean overhead seconds per job: how much
+    of the best one's edge over its neighbours is the luck of choosing on the realised trace.
     """
     best_key: tuple | None = None
     best: tuple[float, list[ReplayResult]] | None = None
     for tau in grid:
         rs = replay_jobs(trace, lambda: FixedInterval(tau, uses_notice=uses_notice, name="hindsight"), jobs)
+        if curve is not None:
+            curve[tau] = sum(r.overhead_s for r in rs) / len(rs)
         key = (-sum(r.finished for r in rs), sum(r.paid_s for r in rs), sum(r.wasted_s for r in rs))
         if best_key is None or key < best_key:
             best_key, best = key, (tau, rs)

@@ -36,6 +36,8 @@ def test_checkpoint_mode_reports_every_policy_and_is_deterministic(trace_file):
                 "overhead_gpu_hours", "overhead_usd"} <= set(r)
         parts = r["wasted_gpu_hours"] + r["checkpoint_overhead_gpu_hours"] + r["restart_overhead_gpu_hours"]
         assert r["overhead_gpu_hours"] == pytest.approx(parts, abs=2e-4)  # every job finished: nothing in flight
+    h = next(r for r in a["results"] if r["policy"] == "hindsight")
+    assert h["finished"] == h["jobs"] and h["neighbours_overhead_gpu_hours"] >= h["overhead_gpu_hours"] - 1e-4
     table = format_result_table(a)
     assert all(p in table for p in CHECKPOINT_POLICIES) and "overhead GPU-h" in table
 
