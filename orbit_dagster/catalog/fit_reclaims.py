@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import re
 import sys
 from datetime import date
 from pathlib import Path

@@ -21,7 +21,6 @@ from orbit_dagster.core.offers import Offer
 PROVIDERS = ("gce", "aws")
 # Below one hour of exposure the ledger says too little; the band or prior is kept instead.
 MIN_EXPOSURE_HOURS = 1.0
-SORTED_BY = "usd_per_effective_tflop_hour"
 
 
 def usd_per_gpu_hour(offer: Offer) -> float | None:
