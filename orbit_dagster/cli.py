@@ -205,31 +205,45 @@ def sql(query: str, as_json: bool) -> None:
 @cli.command()
 @click.option("--gpu", default=None, help="GPU model or family, e.g. H100, A100, L4")
 @click.option("--max-price", type=float, default=None, metavar="USD_PER_GPU_HOUR")
+@click.option("--gpu-count", type=int, default=1, show_default=True, help="GPUs the job uses")
+@click.option("--save-seconds", type=float, default=None, help="durable save time (default: the ledger's median)")
+@click.option("--restore-seconds", type=float, default=None, help="restore time (default: dispatch's)")
+@click.option("--notice-seconds", type=float, default=None, help="reclaim notice (default: each provider's)")
 @click.option("--json", "as_json", is_flag=True)
-def offers(gpu: str | None, max_price: float | None, as_json: bool) -> None:
-    """Rentable offers, cheapest per effective TFLOP-hour first (ledger reclaims and probes folded in)."""
+def offers(gpu: str | None, max_price: float | None, gpu_count: int, save_seconds: float | None,
+           restore_seconds: float | None, notice_seconds: float | None, as_json: bool) -> None:
+    """Rentable offers in the order dispatch ranks them (expected $ per useful PFLOP), each with its reason."""
     from .catalog.offers import offers_command
     from .control.observations import observed_reclaims, measured_tflops
+    from .control.offers import measured_save_seconds
 
     ledger = _settings().ledger()
     click.echo(offers_command(gpu, max_price, as_json, observed=observed_reclaims(ledger),
-                              measured=measured_tflops(ledger)))
+                              measured=measured_tflops(ledger), gpu_count=gpu_count,
+                              save_s=measured_save_seconds(ledger) if save_seconds is None else save_seconds,
+                              restore_s=restore_seconds, notice_s=notice_seconds))
 
 
 @cli.command()
 @click.option("--trace", "trace", required=True, type=click.Path(), help="a spot trace file (formats: docs/policies.md)")
-@click.option("--policy", default=None, help="none, fixed-30m, young-daly, hindsight, orbit; with a deadline: "
-              "greedy, uniform-progress, orbit, optimal (default: all)")
+@click.option("--policy", default=None, help="notice-only, fixed-30m, young-daly, young-daly-true, hindsight, orbit "
+              "(or none); with a deadline: greedy, uniform-progress, orbit, optimal (default: all)")
 @click.option("--job-hours", type=float, default=None)
 @click.option("--deadline-hours", type=float, default=None)
-@click.option("--notice-seconds", type=float, default=None)
+@click.option("--notice-seconds", type=float, default=None, help="default: the trace's cloud's (AWS 120, GCP 30)")
+@click.option("--save-seconds", type=float, default=60.0, show_default=True)
+@click.option("--restore-seconds", type=float, default=300.0, show_default=True)
+@click.option("--notice-miss-rate", type=float, default=0.0, show_default=True, help="share of notices lost")
+@click.option("--starts", type=int, default=8, show_default=True, help="jobs per trace, evenly spaced")
 @click.option("--json", "as_json", is_flag=True)
 def simulate(trace: str, policy: str | None, job_hours: float | None, deadline_hours: float | None,
-             notice_seconds: float | None, as_json: bool) -> None:
+             notice_seconds: float | None, save_seconds: float, restore_seconds: float, notice_miss_rate: float,
+             starts: int, as_json: bool) -> None:
     """Replay a spot trace through the policies the control plane uses (deterministic)."""
     from .policy.report import simulate_command, format_result_table
 
-    result = simulate_command(trace, policy, job_hours, deadline_hours, notice_seconds)
+    result = simulate_command(trace, policy, job_hours, deadline_hours, notice_seconds, save_seconds=save_seconds,
+                              restore_seconds=restore_seconds, notice_miss_rate=notice_miss_rate, starts=starts)
     click.echo(json.dumps(result, indent=2, sort_keys=True) if as_json else format_result_table(result))
 
 

@@ -1,42 +1,50 @@
-"""Fit the shipped reclaim model from a shared data directory.
+"""Fit the shipped reclaim model from the training split of a shared data directory.
 
     python -m orbit_dagster.catalog.fit_reclaims SHARED_DATA_DIR [--out FILE]
 
-Reads every trace under ``SHARED_DATA_DIR/traces`` and the AWS spot-advisor CSV under
-``SHARED_DATA_DIR/prices`` (for each trace's interruption band), and writes derived figures
-only (shapes, means, rates, prices) to ``orbit_dagster/data/reclaim_model.json``.
+Reads the traces of the **training split** under ``SHARED_DATA_DIR/traces`` (``TRAINING_TRACES``:
+the four 45-day p3.2xlarge availability traces collected from 2023-02-15, the earliest
+collection) and the AWS spot-advisor CSV under ``SHARED_DATA_DIR/prices`` (for each trace's
+interruption band), and writes derived figures only (shapes, means, rates, prices) to
+``orbit_dagster/data/reclaim_model.json``. Every other trace -- the later preemption and
+multi-node traces here, and any trace added to the directory -- is an **evaluation** trace:
+the benchmark reports only on those (``split_traces``), so no figure is measured on data
+the model was fitted on.
 """
 from __future__ import annotations
 
 import argparse
 import csv
-import re
 import sys
 from datetime import date
 from pathlib import Path
 
 from orbit_dagster.catalog.reclaim_model import MODEL_FILE, ReclaimModel, fit_reclaim_model, mean_trace_price
+from orbit_dagster.catalog.trace_market import ON_DEMAND
+from orbit_dagster.catalog.trace_market import parse_trace_name as _parse
 from orbit_dagster.catalog.traces import Trace, load_traces
 from orbit_dagster.core.errors import OrbitError
 
-#: GPU tag in a trace name -> the AWS instance type the traces were collected on
-#: (skypilot-org/spot-traces: "v100_1" is p3.2xlarge, 1x V100).
-GPU_INSTANCE = {"v100": "p3.2xlarge", "k80": "p2.xlarge", "t4": "g4dn.xlarge", "a10g": "g5.xlarge"}
-#: On-demand list price, $/h, Linux, us-east-1 and us-west-2 (aws.amazon.com/ec2/pricing/on-demand,
-#: unchanged since the p3 launch). The spot-advisor savings % is printed beside it as a cross-check.
-ON_DEMAND_LIST_USD_PER_HOUR = {"p3.2xlarge": 3.06}
+#: The leave-out split "train-2023-02": the model is fitted on these traces only.
+SPLIT_NAME = "train-2023-02"
+TRAINING_TRACES = ("aws-2023-02-15_us-east-1a_v100_1", "aws-2023-02-15_us-east-2a_v100_1",
+                   "aws-2023-02-15_us-west-2a_v100_1", "aws-2023-02-15_us-west-2b_v100_1")
+
 ADVISOR_CSV = Path("prices") / "aws_spot_advisor_accelerators.csv"
-_NAME = re.compile(r"(?P<date>\d{4}-\d{2}-\d{2})_(?P<zone>[a-z]{2}-[a-z]+-\d[a-z]?)_(?P<gpu>[a-z0-9]+)_")
+
+
+def split_traces(traces: list[Trace]) -> tuple[list[Trace], list[Trace]]:
+    """(training, evaluation): the training split's traces, and every other one."""
+    train = [t for t in traces if t.name in TRAINING_TRACES]
+    return train, [t for t in traces if t.name not in TRAINING_TRACES]
 
 
 def parse_trace_name(name: str) -> tuple[date, str, str] | None:
     """(trace date, region, instance type) from a spot-traces file name, or None."""
-    m = _NAME.search(name)
-    if not m or m["gpu"] not in GPU_INSTANCE:
+    info = _parse(name)
+    if not info or not info["instance_type"]:
         return None
-    zone = m["zone"]
-    region = zone[:-1] if zone[-1].isalpha() else zone
-    return date.fromisoformat(m["date"]), region, GPU_INSTANCE[m["gpu"]]
+    return info["day"], info["region"], info["instance_type"]
 
 
 def advisor_rows(data_dir: Path) -> list[dict[str, str]]:
@@ -56,12 +64,12 @@ def advisor_entry(rows: list[dict[str, str]], when: date, region: str, itype: st
 
 
 def fit_from_dir(data_dir: Path) -> ReclaimModel:
-    """Fit from every trace under ``data_dir`` with the spot-advisor bands found there."""
-    traces: list[Trace] = load_traces(data_dir)
-    if not traces:
-        raise OrbitError(f"no trace files under {data_dir}", field="SHARED_DATA_DIR", value=str(data_dir),
-                         fix="pass the shared data directory (it holds traces/ and prices/)")
-    return fit_from_traces(traces, advisor_rows(data_dir))
+    """Fit from the training split under ``data_dir`` with the spot-advisor bands found there."""
+    train, _ = split_traces(load_traces(data_dir))
+    if not train:
+        raise OrbitError(f"no training trace under {data_dir}", field="SHARED_DATA_DIR", value=str(data_dir),
+                         fix="pass the shared data directory (traces/ must hold: " + ", ".join(TRAINING_TRACES) + ")")
+    return fit_from_traces(train, advisor_rows(data_dir))
 
 
 def fit_from_traces(traces: list[Trace], rows: list[dict[str, str]]) -> ReclaimModel:
@@ -87,11 +95,12 @@ def fit_from_traces(traces: list[Trace], rows: list[dict[str, str]]) -> ReclaimM
             notes[f"advisor {entry['snapshot']} {region} {itype}"] = (
                 f"band {entry['interruption_label']}, savings {savings:.0f}% -> implied on-demand "
                 f"{spot / (1 - savings / 100):.3f} $/h from the traces' mean spot price {spot:.3f} $/h")
-    od = [ON_DEMAND_LIST_USD_PER_HOUR[i] for i in sorted(itypes) if i in ON_DEMAND_LIST_USD_PER_HOUR]
+    od = [ON_DEMAND[i][1] for i in sorted(itypes) if i in ON_DEMAND]
     if not od:
         raise OrbitError("no on-demand list price for the traced instance types", field="instance_type",
-                         value=sorted(itypes), fix="add the type to ON_DEMAND_LIST_USD_PER_HOUR with its source")
-    notes["on_demand"] = "AWS on-demand list price of p3.2xlarge (Linux, us-east-1/us-west-2): 3.06 $/h"
+                         value=sorted(itypes), fix="add the type to catalog.trace_market.ON_DEMAND with its source")
+    notes["on_demand"] = f"on-demand list price of {sorted(itypes)[0]}: {od[0]:g} $/h (catalog.trace_market.ON_DEMAND)"
+    notes["split"] = f"leave-out split {SPLIT_NAME}: fitted on the training traces only (fitted_from)"
     notes["spot"] = "tick-weighted mean of the 'prices' field of the preemption traces"
     if spot is None and savings_seen:  # no priced trace: the advisor's savings against the list price
         spot = od[0] * (1 - sum(savings_seen) / len(savings_seen) / 100)

@@ -21,7 +21,6 @@ from orbit_dagster.core.offers import Offer
 PROVIDERS = ("gce", "aws")
 # Below one hour of exposure the ledger says too little; the band or prior is kept instead.
 MIN_EXPOSURE_HOURS = 1.0
-SORTED_BY = "usd_per_effective_tflop_hour"
 
 
 def usd_per_gpu_hour(offer: Offer) -> float | None:
@@ -215,14 +214,107 @@ def offers_table(offers: Iterable[Offer]) -> str:
     return "\n".join([*lines, "", f"{len(rows)} offers; {legend}"])
 
 
+#: Reclaim notice per provider: AWS's instance-action warning, GCE's preemption notice.
+PROVIDER_NOTICE_S = {"aws": 120.0, "gce": 30.0}
+#: What dispatch assumes before the ledger has measured a save (control/offers.py) and the
+#: restore time it ranks with; `orbit offers` uses the same unless told otherwise.
+DISPATCH_SAVE_S = 1.0
+DISPATCH_RESTORE_S = 10.0
+RANKED_BY = "usd_per_useful_pflop"
+
+
+def ranked_offers(offers: list[Offer], *, observed: Mapping | None = None, save_s: float = DISPATCH_SAVE_S,
+                  restore_s: float = DISPATCH_RESTORE_S, notice_s: float | Mapping[str, float] | None = None,
+                  gpu_count: int = 1) -> tuple[list[dict], list[dict], dict]:
+    """(ranked rows, rows that cannot be ranked, inputs): the ranking dispatch makes, with a reason per position.
+
+    Ranks with ``policy.offer_choice.rank_offers`` given what dispatch gives it: a reclaim-rate
+    book updated with the ledger's observed reclaims and exposure per offer, the save and
+    restore seconds, and each provider's notice.
+    """
+    from orbit_dagster.policy.offer_choice import NoOfferMatches, rank_offers
+    from orbit_dagster.policy.reclaim_rate import RateBook
+
+    book = RateBook()
+    by_id = {o.offer_id: o for o in offers}
+    for offer_id, seen in (observed or {}).items():
+        if offer_id in by_id and by_id[offer_id].spot:
+            reclaims, hours = _check_observed(offer_id, seen)
+            book.for_offer(by_id[offer_id]).observe(int(round(reclaims)), hours * 3600.0)
+    notice = PROVIDER_NOTICE_S if notice_s is None else notice_s
+    try:
+        decision = rank_offers(offers, gpu="any", gpu_count=gpu_count, save_s=save_s, restore_s=restore_s,
+                               notice_s=notice, rates=book)
+        scored, inputs = list(decision.ranked), decision.inputs
+    except NoOfferMatches as err:
+        scored, inputs = [], {"save_s": save_s, "restore_s": restore_s,
+                              "notice_s": dict(notice) if isinstance(notice, Mapping) else notice, "note": str(err)}
+    ranked_ids = {x.offer.offer_id for x in scored}
+    rows = []
+    for pos, (x, row) in enumerate(zip(scored, offers_json([x.offer for x in scored])), 1):
+        rec = x.as_record()
+        rows.append({"rank": pos, **row, "usd_per_hour": rec["usd_per_hour"], "useful_tflops": rec["useful_tflops"],
+                     "goodput": rec["goodput"], "expected_reclaims_per_hour": rec["reclaims_per_hour"],
+                     "rate_source": rec["rate_source"], "notice_s": rec["notice_s"],
+                     "checkpoint_interval_s": rec["checkpoint_interval_s"], RANKED_BY: rec[RANKED_BY],
+                     "reason": rec["reason"]})
+    rest = [o for o in offers if o.offer_id not in ranked_ids]
+    unranked = [{**row, "reason": _why_unranked(o, gpu_count)} for o, row in zip(rest, offers_json(rest))]
+    return rows, unranked, {**inputs, "gpu_count": gpu_count}
+
+
+def _why_unranked(o: Offer, gpu_count: int) -> str:
+    if usd_per_gpu_hour(o) is None:
+        return "not ranked: no price for its market"
+    if not o.effective_tflops:
+        return "not ranked: no TFLOPS figure (spec or probe)"
+    if o.gpu_count < gpu_count:
+        return f"not ranked: {o.gpu_count} GPUs < {gpu_count} asked"
+    return "not ranked: reclaimed too often to make progress"
+
+
+def ranked_table(rows: list[dict], unranked: list[dict], inputs: dict) -> str:
+    """Fixed-width table of the ranking, best first, each position with its reason."""
+    if not rows and not unranked:
+        return "no offers match"
+    head = ("#", "offer", "gpu", "n", "market", "$/h", "tflops", "goodput", "reclaims/h", "$/useful-PFLOP", "reason")
+    lines = [(str(r["rank"]), r["offer_id"], r["gpu"], str(r["gpu_count"]), r["market"], f"{r['usd_per_hour']:.4g}",
+              f"{r['useful_tflops']:.4g}", f"{r['goodput']:.3f}", f"{r['expected_reclaims_per_hour']:.3g}",
+              f"{r[RANKED_BY]:.4g}", r["reason"]) for r in rows]
+    lines += [("-", r["offer_id"], r["gpu"], str(r["gpu_count"]), r["market"], "-", "-", "-", "-", "-", r["reason"])
+              for r in unranked]
+    widths = [max(len(x[i]) for x in (head, *lines)) for i in range(len(head) - 1)]
+    out = ["  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1] for line in (head, *lines)]
+    notice = inputs.get("notice_s")
+    legend = (f"ranked as dispatch ranks (policy.offer_choice.rank_offers): expected $ per useful PFLOP = $/h / "
+              f"(TFLOPS x {inputs.get('gpu_count', 1)} GPU(s) used x goodput); goodput from the offer's reclaim rate "
+              f"(ledger observations over the band prior), save {inputs.get('save_s')} s, restore "
+              f"{inputs.get('restore_s')} s, notice {notice}")
+    return "\n".join([*out, "", f"{len(rows)} ranked, {len(unranked)} not ranked; {legend}"])
+
+
 def offers_command(gpu: str | None = None, max_price: float | None = None, as_json: bool = False, *,
                    observed: Mapping | None = None, measured: Mapping | None = None,
-                   at: datetime | None = None) -> str:
-    """Exactly what `orbit offers [--gpu NAME] [--max-price USD] [--json]` prints.
+                   at: datetime | None = None, save_s: float | None = None, restore_s: float | None = None,
+                   notice_s: float | None = None, gpu_count: int = 1) -> str:
+    """Exactly what `orbit offers [--gpu NAME] [--max-price USD] [--gpu-count N] [--json]` prints.
 
-    JSON form: one document `{"sorted_by": "usd_per_effective_tflop_hour", "offers": [...]}`.
+    The order is dispatch's (``ranked_offers``); the first offer shown is the one dispatch would
+    rent for a job of ``gpu_count`` GPUs. ``notice_s`` None: each provider's own notice.
+    JSON form: ``{"ranked_by": "usd_per_useful_pflop", "inputs": {...}, "offers": [...],
+    "not_ranked": [...]}``, each offer with its ``rank`` and ``reason``.
     """
-    offers = list_offers(gpu=gpu, max_price_per_gpu_hour=max_price, at=at, observed=observed, measured=measured)
+    for name, v in (("save_s", save_s), ("restore_s", restore_s), ("notice_s", notice_s)):
+        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise CatalogError(f"{name} = {v!r} is not a number of seconds >= 0", field=name, value=v,
+                               fix=f"e.g. --{name.replace('_s', '').replace('_', '-')}-seconds 60")
+    if isinstance(gpu_count, bool) or not isinstance(gpu_count, int) or gpu_count < 1:
+        raise CatalogError(f"gpu count {gpu_count!r} is not an integer >= 1", field="gpu_count", value=gpu_count,
+                           fix="e.g. --gpu-count 8")
+    offers = list_offers(gpu=gpu, max_price_per_gpu_hour=max_price, at=at, measured=measured)
+    rows, unranked, inputs = ranked_offers(
+        offers, observed=observed, save_s=DISPATCH_SAVE_S if save_s is None else save_s,
+        restore_s=DISPATCH_RESTORE_S if restore_s is None else restore_s, notice_s=notice_s, gpu_count=gpu_count)
     if as_json:
-        return json.dumps({"sorted_by": SORTED_BY, "offers": offers_json(offers)}, indent=2)
-    return offers_table(offers)
+        return json.dumps({"ranked_by": RANKED_BY, "inputs": inputs, "offers": rows, "not_ranked": unranked}, indent=2)
+    return ranked_table(rows, unranked, inputs)

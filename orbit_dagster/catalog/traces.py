@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
@@ -45,6 +45,9 @@ class Trace:
     data: tuple[int, ...]
     prices: tuple[float, ...] | None
     kind: TraceKind
+    #: the file's ``metadata`` (``cloud``, ``instance_type``, ``nodes``, ``zone`` are read by
+    #: ``catalog.trace_market``); not part of equality, a trace is its ticks
+    metadata: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def duration_s(self) -> float:
@@ -102,7 +105,8 @@ def trace_from_dict(obj: Any, *, name: str, source: str | None = None) -> Trace:
         kind = "preemption"
     else:
         kind = "availability"
-    return Trace(name=name, gap_seconds=float(gap), data=values, prices=prices, kind=kind)
+    extra = {k: v for k, v in meta.items() if k in ("cloud", "instance_type", "nodes", "zone")}
+    return Trace(name=name, gap_seconds=float(gap), data=values, prices=prices, kind=kind, metadata=extra)
 
 
 def load_trace(path: str | Path) -> Trace:

@@ -1,12 +1,14 @@
 """The decision layer: pure functions and small classes, no Dagster, boto3 or paramiko.
 
-- ``interval``: how often to checkpoint (Young/Daly, notice- and age-aware)
-- ``reclaim_rate``: online reclaim-rate estimate per offer/zone, prior from the spot-advisor band
-- ``offer_choice``: which offer to rent (expected $ per useful PFLOP), with a ledger record
+- ``checkpointing``: checkpoint-interval policies (``OrbitInterval`` and the baselines)
+- ``interval``: the interval formulas (Young/Daly, notice coverage, age-aware Weibull hazard)
+- ``reclaim_rate``: online reclaim rate per offer/zone and notice reliability per cloud
+- ``offer_choice``: which offer to rent (expected $ per useful PFLOP), a reason per position
 - ``migration``: when to move make-before-break
-- ``deadline`` / ``deadline_plan``: spot vs on-demand under a deadline (greedy, uniform progress, orbit, optimal)
-- ``checkpointing`` / ``simulate`` / ``report``: the deterministic trace replay behind ``orbit simulate``
+- ``deadline`` / ``deadline_plan``: spot vs on-demand under a deadline (``spot_or_on_demand``;
+  greedy, uniform progress, orbit, optimal in the replay)
+- ``simulate`` / ``report``: the deterministic trace replay behind ``orbit simulate``
 
-The control plane and the replay call the same functions, so a benchmark result is a
-statement about production code. See docs/policies.md for definitions and fitted constants.
+The control plane and the replay call the same objects, so a benchmark result is a
+statement about production code. See docs/policies.md ("How the control plane calls this").
 """

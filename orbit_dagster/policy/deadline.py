@@ -287,17 +287,20 @@ def setup_from_trace(trace, *, start_tick: int, work_s: float, deadline_s: float
                      notice_s: float, save_s: float, emergency_save_s: float | None, mtbf_s: float,
                      spot_usd_per_hour: float, od_usd_per_hour: float, nodes: int = 1) -> DeadlineSetup:
     """The window of ``trace`` (a catalog.traces.Trace) that a job starting at ``start_tick``
-    sees, replayed cyclically past the trace's end; ``history`` is the trace before the start."""
+    sees, replayed cyclically past the trace's end; ``history`` is the trace before the start.
+
+    Prices are per instance; a job on ``nodes`` instances at once pays ``nodes`` times them
+    (spot and on-demand alike) and has spot only where the trace holds at least ``nodes``."""
     factor = max(1, math.ceil(MIN_DECISION_TICK_S / trace.gap_seconds - 1e-9))
     gap = trace.gap_seconds * factor
     loss = loss_ticks_for(gap, notice_s=notice_s, save_s=save_s, emergency_save_s=emergency_save_s, mtbf_s=mtbf_s)
     n = len(trace.data)
     span = (math.floor(deadline_s / gap + 1e-9) + loss + 2) * factor
     ticks = [(start_tick + i) % n for i in range(span)]
-    avail, prices = coarsen([trace.data[k] for k in ticks], [trace.price_at(k, spot_usd_per_hour) for k in ticks],
-                            factor, nodes)
+    avail, prices = coarsen([trace.data[k] for k in ticks],
+                            [trace.price_at(k, spot_usd_per_hour) * nodes for k in ticks], factor, nodes)
     first = start_tick % factor
     hist_ticks = range(first, min(start_tick, n))
     history, _ = coarsen([trace.data[k] for k in hist_ticks], [0.0] * len(hist_ticks), factor, nodes)
-    return setup_from_ticks(avail, prices, gap_s=gap, od_usd_per_hour=od_usd_per_hour, work_s=work_s,
+    return setup_from_ticks(avail, prices, gap_s=gap, od_usd_per_hour=od_usd_per_hour * nodes, work_s=work_s,
                             deadline_s=deadline_s, changeover_s=changeover_s, loss_ticks=loss, history=history)

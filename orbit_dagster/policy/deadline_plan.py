@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from orbit_dagster.catalog.reclaim_model import ReclaimModel
+from orbit_dagster.catalog.reclaim_model import ReclaimModel, load_reclaim_model
+from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.policy.deadline import (
-    NONE, OD, SPOT, DeadlineResult, DeadlineSetup, Observation, run_deadline,
+    MIN_DECISION_TICK_S, NONE, OD, SPOT, DeadlineResult, DeadlineSetup, Mode, Observation, loss_ticks_for,
+    run_deadline, safe_actions,
 )
 
 BIG = 1e12  # "deadline missed": large but finite so that 0 * BIG stays 0
@@ -212,8 +214,11 @@ class OrbitDeadline:
         self._plan_k0 = k0
 
 
-def _markov_plan(s: DeadlineSetup, k0: int, q10: float, q01: float, spot_cost: float, modes: _Modes) -> np.ndarray:
-    """Policy table [k - k0, w, a, m] -> action index, by backward induction from the deadline."""
+def _markov_plan(s: DeadlineSetup, k0: int, q10: float, q01: float, spot_cost: float, modes: _Modes,
+                 first_q: dict | None = None) -> np.ndarray:
+    """Policy table [k - k0, w, a, m] -> action index, by backward induction from the deadline.
+
+    ``first_q``, when given, receives the expected cost of each action at ``k0`` (arrays over w, a, m)."""
     W, D, M = s.work_ticks, s.deadline_ticks, modes.count
     c, r = s.changeover_ticks, s.loss_ticks
     keep = (1.0 - q10) ** max(r - 1, 0)  # chance that no reclaim hits the rest of the loss window
@@ -245,6 +250,81 @@ def _markov_plan(s: DeadlineSetup, k0: int, q10: float, q01: float, spot_cost: f
         ns = np.minimum(q_none, q_s)
         v = np.minimum(ns, q_od)
         table[k - k0] = np.where(q_od < ns, 2, np.where(q_s < q_none, 1, 0))
+        if k == k0 and first_q is not None:
+            first_q.update({NONE: q_none, SPOT: q_s, OD: q_od})
         v[0] = 0.0
         v_next = v
     return table
+
+
+# ---------------------------------------------------------------- the control plane's door
+
+ACTION_NAMES = {NONE: "wait", SPOT: "spot", OD: "on_demand"}
+
+
+@dataclass(frozen=True)
+class SpotDecision:
+    """What to hold for the next tick, why, and every input (for the ledger's decision row)."""
+
+    action: str  # "spot" | "on_demand" | "wait"
+    reason: str
+    inputs: dict
+
+
+def spot_or_on_demand(*, work_left_s: float, time_left_s: float, spot_available: bool, holding: str = "none",
+                      changeover_left_s: float = 0.0, spot_usd_per_hour: float, on_demand_usd_per_hour: float,
+                      restore_s: float, save_s: float, notice_s: float, mtbf_s: float,
+                      availability: MarkovAvailability | None = None, model: ReclaimModel | None = None,
+                      tick_s: float = MIN_DECISION_TICK_S) -> SpotDecision:
+    """orbit's deadline policy for one decision now: the same DP and safety rule ``orbit simulate`` replays.
+
+    ``holding``: "spot", "on_demand" or "none" (what the job runs on now; ``changeover_left_s``
+    of its restore still to go). ``availability``: the Markov estimate the control plane keeps
+    up to date from its feed (``MarkovAvailability.observe``); without one, the model's prior.
+    Prices are for everything the job holds (all nodes). A deadline that on-demand can no
+    longer meet gets on-demand: it finishes soonest.
+    """
+    for name, v in (("work_left_s", work_left_s), ("time_left_s", time_left_s), ("restore_s", restore_s),
+                    ("save_s", save_s), ("notice_s", notice_s), ("changeover_left_s", changeover_left_s)):
+        if not isinstance(v, (int, float)) or math.isnan(v) or v < 0:
+            raise OrbitError(f"{name} must be >= 0", field=name, value=v, fix="pass seconds")
+    kinds = {"spot": SPOT, "on_demand": OD, "none": NONE}
+    if holding not in kinds:
+        raise OrbitError(f"unknown holding {holding!r}", field="holding", value=holding, fix="spot, on_demand or none")
+    gap = float(tick_s)
+    loss = loss_ticks_for(gap, notice_s=notice_s, save_s=save_s, emergency_save_s=None, mtbf_s=mtbf_s)
+    setup = DeadlineSetup(avail=(bool(spot_available),), spot_cost=(spot_usd_per_hour * gap / 3600.0,),
+                          od_cost=on_demand_usd_per_hour * gap / 3600.0, work_ticks=math.ceil(work_left_s / gap - 1e-9),
+                          deadline_ticks=math.floor(time_left_s / gap + 1e-9),
+                          changeover_ticks=math.ceil(restore_s / gap - 1e-9), loss_ticks=loss, gap_s=gap)
+    c = setup.changeover_ticks
+    mode = Mode(kinds[holding], min(math.ceil(changeover_left_s / gap - 1e-9), c) if holding != "none" else 0)
+    inputs = {"work_left_s": work_left_s, "time_left_s": time_left_s, "spot_available": bool(spot_available),
+              "holding": holding, "spot_usd_per_hour": spot_usd_per_hour,
+              "on_demand_usd_per_hour": on_demand_usd_per_hour, "restore_s": restore_s, "save_s": save_s,
+              "notice_s": notice_s, "mtbf_s": mtbf_s, "tick_s": gap, "loss_ticks": loss}
+    if setup.work_ticks == 0:
+        return SpotDecision("wait", "no work left", inputs)
+    if not setup.feasible or mode.kind == OD and setup.work_ticks + mode.owed > setup.deadline_ticks:
+        return SpotDecision("on_demand", "on-demand can no longer meet the deadline: finishing as early as possible",
+                            inputs)
+    safe = safe_actions(setup, 0, setup.work_ticks, bool(spot_available), mode)
+    est = availability or MarkovAvailability.from_model(model or load_reclaim_model(), gap)
+    modes = _Modes(c)
+    q: dict = {}
+    table = _markov_plan(setup, 0, est.q10, est.q01, setup.spot_cost[0], modes, first_q=q)
+    a, m = (1 if spot_available else 0), modes.index(mode.kind, mode.owed)
+    action = ACTIONS[int(table[0, setup.work_ticks, a, m])]
+    costs = {ACTION_NAMES[k]: (None if v[setup.work_ticks, a, m] >= BIG / 2 else round(float(v[setup.work_ticks, a, m]), 4))
+             for k, v in q.items()}
+    inputs.update({"q_spot_lost_per_tick": round(est.q10, 6), "q_spot_back_per_tick": round(est.q01, 6),
+                   "expected_cost_usd": costs, "safe": sorted(ACTION_NAMES[x] for x in safe)})
+    if action not in safe:
+        action = OD
+    slack_h = (setup.deadline_ticks - setup.work_ticks - c) * gap / 3600
+    if safe == frozenset({OD}):
+        why = "the safety rule: any later start of on-demand would miss the deadline"
+    else:
+        why = (f"lowest expected cost to finish ({costs[ACTION_NAMES[action]]} $) with {slack_h:.2f} h of slack; "
+               + ", ".join(f"{k} {v} $" for k, v in costs.items() if k != ACTION_NAMES[action] and v is not None))
+    return SpotDecision(ACTION_NAMES[action], why, inputs)

@@ -107,26 +107,41 @@ def expected_reclaims(age_s: float, span_s: float, mtbf_s: float, shape: float) 
 
 
 def age_aware_interval(age_s: float, mtbf_s: float, save_s: float, *, shape: float,
-                       min_s: float = DEFAULT_MIN_S, max_s: float = DEFAULT_MAX_S) -> float:
+                       min_s: float = DEFAULT_MIN_S, max_s: float = DEFAULT_MAX_S, uncovered: float = 1.0) -> float:
     """Young's rule with the local reclaim rate of an instance of age ``age_s``.
 
-    Solves tau^2 * r(age, tau) = 2 * save, where r is the mean reclaim rate over the next
-    tau seconds; with shape == 1 (memoryless) this is exactly Young's interval.
+    Solves tau * uncovered * N(age, tau) = 2 * save, where N is the expected number of
+    reclaims in the next tau seconds (Weibull cumulative hazard) and ``uncovered`` the share
+    of them that a periodic checkpoint must insure against (1 without a usable notice).
+    With shape == 1 and uncovered == 1 this is exactly Young's interval sqrt(2 save M).
+    The left side grows with tau, so the root is unique; it is found by bisection in log tau.
     """
     _check("age_s", age_s, positive=False)
     _check("mtbf_s", mtbf_s, positive=True)
     _check("save_s", save_s, positive=False)
     if not shape > 0:
         raise OrbitError("shape must be > 0", field="shape", value=shape, fix="pass the fitted Weibull shape")
-    if math.isinf(mtbf_s):
+    if not 0 <= uncovered <= 1:
+        raise OrbitError("uncovered must be in [0, 1]", field="uncovered", value=uncovered,
+                         fix="pass the share of reclaims no notice covers")
+    if math.isinf(mtbf_s) or uncovered == 0:
         return max_s
-    tau = young_interval(mtbf_s, save_s)
-    for _ in range(30):  # fixed point; converges in a few steps because r varies slowly in tau
-        rate = expected_reclaims(age_s, max(tau, 1e-9), mtbf_s, shape) / max(tau, 1e-9)
-        new = math.sqrt(2.0 * save_s / rate) if rate > 0 else max_s
-        new = min(max(new, min_s), max_s)
-        if abs(new - tau) < 0.5:
-            tau = new
+
+    def excess(tau: float) -> float:
+        return tau * uncovered * expected_reclaims(age_s, tau, mtbf_s, shape) - 2.0 * save_s
+
+    lo = max(min_s, 1e-3)
+    hi = max_s if math.isfinite(max_s) else 1e10
+    if excess(lo) >= 0:
+        return min_s if min_s <= lo else lo
+    if excess(hi) <= 0:
+        return max_s
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        if excess(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 0.5:
             break
-        tau = 0.5 * (tau + new)
-    return min(max(tau, min_s), max_s)
+    return min(max(0.5 * (lo + hi), min_s), max_s)

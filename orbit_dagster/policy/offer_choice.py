@@ -15,7 +15,7 @@ the runner-up and every input, so "why this offer" has an answer.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from orbit_dagster.catalog.reclaim_model import ReclaimModel, load_reclaim_model
@@ -58,13 +58,32 @@ class ScoredOffer:
     interval_s: float
     usd_per_hour: float
     useful_tflops: float
+    notice_s: float = 0.0
+    reason: str = ""
 
     def as_record(self) -> dict:
         return {"offer_id": self.offer.offer_id, "usd_per_useful_pflop": _r(self.usd_per_useful_pflop),
                 "goodput": _r(self.goodput), "reclaims_per_hour": _r(self.rate_per_hour),
                 "rate_source": self.rate_source, "checkpoint_interval_s": _r(self.interval_s),
                 "usd_per_hour": _r(self.usd_per_hour), "useful_tflops": _r(self.useful_tflops),
-                "spot": self.offer.spot, "zone": self.offer.zone}
+                "notice_s": self.notice_s, "spot": self.offer.spot, "zone": self.offer.zone, "reason": self.reason}
+
+
+def _reason(pos: int, s: ScoredOffer, best: ScoredOffer) -> str:
+    """Why an offer sits where it does: what it costs per useful PFLOP and which factor puts it behind #1."""
+    risk = (f"goodput {s.goodput:.3f} at {s.rate_per_hour:.3g} reclaims/h ({s.rate_source})" if s.offer.spot
+            else "on-demand, never reclaimed")
+    if pos == 1:
+        return (f"lowest expected $ per useful PFLOP: {s.usd_per_hour:.4g} $/h for {s.useful_tflops:.4g} TFLOPS, {risk}")
+    price = (s.usd_per_hour / s.useful_tflops) / (best.usd_per_hour / best.useful_tflops) - 1.0
+    good = best.goodput / s.goodput - 1.0 if s.goodput > 0 else math.inf
+    pct = s.usd_per_useful_pflop / best.usd_per_useful_pflop - 1.0
+    parts = []
+    if abs(price) >= 0.005:
+        parts.append(f"$ per TFLOP-hour {price:+.1%} vs #1")
+    if abs(good) >= 0.005:
+        parts.append(f"{risk} vs #1's {best.goodput:.3f}")
+    return f"+{pct:.1%} $ per useful PFLOP vs #1: " + ("; ".join(parts) if parts else "a tie, broken by offer id")
 
 
 def _r(x: float) -> float | None:
@@ -133,14 +152,17 @@ def _filter(offers: list[Offer], gpu: str, gpu_count: int, gpu_memory_gb: float,
 
 def rank_offers(offers: Sequence[Offer], *, gpu: str = "any", gpu_count: int = 1, gpu_memory_gb: float = 0,
                 max_price_per_gpu_hour: float | None = None, save_s: float = 60.0, restore_s: float = 300.0,
-                notice_s: float = 120.0, emergency_save_s: float | None = None,
+                notice_s: float | Mapping[str, float] = 120.0, emergency_save_s: float | None = None,
                 rates: RateBook | Mapping[str, ReclaimRateEstimator] | None = None,
                 model: ReclaimModel | None = None) -> OfferDecision:
     """Rank the offers that meet the requirements by expected $ per useful PFLOP, cheapest first.
 
     ``rates`` holds the online reclaim-rate estimates by offer id; offers without one get
     their prior (own rate, band, reliability; the riskiest band when nothing is known).
-    Raises NoOfferMatches naming the requirement that filtered everything out.
+    ``notice_s``: the reclaim notice in seconds, or one per provider (``{"aws": 120, "gce": 30}``;
+    a provider missing from it is taken to give none). Each ranked offer carries a one-line
+    ``reason`` for its position. Raises NoOfferMatches naming the requirement that filtered
+    everything out.
     """
     if not offers:
         raise NoOfferMatches("no offers to choose from", field="offers", value=0,
@@ -153,20 +175,24 @@ def rank_offers(offers: Sequence[Offer], *, gpu: str = "any", gpu_count: int = 1
     for o in kept:
         est = _estimator(o, rates, m)
         rate = est.rate_per_hour if o.spot else 0.0
-        goodput, tau = expected_goodput(rate, save_s=save_s, restore_s=restore_s, notice_s=notice_s,
+        notice = float(notice_s.get(o.provider, 0.0)) if isinstance(notice_s, Mapping) else float(notice_s)
+        goodput, tau = expected_goodput(rate, save_s=save_s, restore_s=restore_s, notice_s=notice,
                                         emergency_save_s=emergency_save_s)
         useful = (o.effective_tflops or 0.0) * gpu_count
         usd_h = o.usd_per_second * 3600.0
         denom = useful * goodput * 1e12 * 3600.0  # useful FLOP per paid hour
         score = usd_h / denom * 1e15 if denom > 0 else math.inf
-        scored.append(ScoredOffer(o, score, goodput, rate, est.source if o.spot else "on-demand", tau, usd_h, useful))
+        scored.append(ScoredOffer(o, score, goodput, rate, est.source if o.spot else "on-demand", tau, usd_h, useful,
+                                  notice))
     scored.sort(key=lambda s: (s.usd_per_useful_pflop, s.offer.offer_id))
     if math.isinf(scored[0].usd_per_useful_pflop):
         raise NoOfferMatches("every remaining offer is reclaimed too often to make progress", field="goodput",
                              value=0.0, fix="allow on-demand offers or a zone with a lower interruption band")
+    scored = [replace(x, reason=_reason(i, x, scored[0])) for i, x in enumerate(scored, 1)]
     requirements = {"gpu": gpu, "gpu_count": gpu_count, "gpu_memory_gb": gpu_memory_gb,
                     "max_price_per_gpu_hour": max_price_per_gpu_hour}
-    inputs = {"save_s": save_s, "restore_s": restore_s, "notice_s": notice_s,
+    inputs = {"save_s": save_s, "restore_s": restore_s,
+              "notice_s": dict(notice_s) if isinstance(notice_s, Mapping) else notice_s,
               "emergency_save_s": save_s if emergency_save_s is None else emergency_save_s}
     return OfferDecision(chosen=scored[0].offer, runner_up=scored[1].offer if len(scored) > 1 else None,
                          ranked=tuple(scored), requirements=requirements, filters=tuple(log), inputs=inputs)

@@ -113,3 +113,51 @@ class RateBook:
             raise OrbitError(f"no estimator for {key!r}", field="key", value=key,
                              fix="call for_offer(offer) before observe(...)")
         self.estimators[key].observe(reclaims, exposure_s)
+
+
+#: Prior share of reclaims that come without a usable notice (AWS documents its notice as
+#: best effort; no public trace records notices). An assumption, not fitted: weak on purpose
+#: (``NOTICE_PRIOR_WEIGHT`` reclaims' worth), so the fleet's own record overrides it quickly.
+NOTICE_MISS_PRIOR = 0.05
+NOTICE_PRIOR_WEIGHT = 2.0
+
+
+@dataclass
+class NoticeReliability:
+    """Beta posterior of the share of reclaims whose notice never arrives (per cloud or zone).
+
+    The control plane learns this from its own record: every reclaim of an instance it held
+    either was preceded by a notice event or was not. ``miss_rate`` is the posterior mean.
+    """
+
+    prior_miss_rate: float = NOTICE_MISS_PRIOR
+    prior_weight: float = NOTICE_PRIOR_WEIGHT
+    reclaims: int = 0
+    missed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (0 < self.prior_miss_rate < 1):
+            raise OrbitError("prior_miss_rate must be in (0, 1)", field="prior_miss_rate",
+                             value=self.prior_miss_rate, fix="pass the share of reclaims expected without notice")
+        if not self.prior_weight > 0:
+            raise OrbitError("prior_weight must be > 0", field="prior_weight", value=self.prior_weight,
+                             fix="pass the prior's weight in reclaims, e.g. 2")
+
+    def observe(self, reclaims: int, missed: int) -> None:
+        """Add ``reclaims`` reclaims, ``missed`` of which came without a notice."""
+        for name, v in (("reclaims", reclaims), ("missed", missed)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise OrbitError(f"{name} must be an integer >= 0", field=name, value=v, fix="count reclaims")
+        if missed > reclaims:
+            raise OrbitError("missed must be <= reclaims", field="missed", value=missed,
+                             fix=f"pass at most {reclaims} missed notices")
+        self.reclaims += reclaims
+        self.missed += missed
+
+    @property
+    def miss_rate(self) -> float:
+        return (self.prior_weight * self.prior_miss_rate + self.missed) / (self.prior_weight + self.reclaims)
+
+    def as_record(self) -> dict:
+        return {"miss_rate": round(self.miss_rate, 6), "reclaims": self.reclaims, "missed": self.missed,
+                "prior_miss_rate": self.prior_miss_rate, "prior_weight": self.prior_weight}

@@ -1,121 +1,166 @@
-"""``orbit simulate``: replay a trace through the policies and report goodput, cost, misses, waste.
+"""``orbit simulate``: replay a trace through the policies and report overhead, goodput, cost, misses.
 
-The CLI (``orbit_dagster/cli.py``, the lead's) calls ``run_simulate_cli``; the benchmark and
-tests call ``simulate_trace`` / ``simulate_command``. Every figure is a mean per job over
-``starts`` jobs started at evenly spaced points of the trace (replayed cyclically), so a
-single lucky or unlucky phase does not decide a comparison.
+The CLI (``orbit_dagster/cli.py``) calls ``simulate_command``; the benchmark and tests call
+``simulate_trace``. Every figure is a mean per job over ``starts`` jobs started at evenly
+spaced points of the trace (replayed cyclically), so a single lucky or unlucky phase does
+not decide a comparison. The replay is faithful to the trace (``catalog.trace_market``):
+an N-node trace needs N instances, prices are the trace's instance type's, and the notice
+is the trace's cloud's unless ``notice_seconds`` says otherwise.
 """
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 from typing import Any
 
 from orbit_dagster.catalog.reclaim_model import ReclaimModel, load_reclaim_model
+from orbit_dagster.catalog.trace_market import TraceMarket, trace_market
 from orbit_dagster.catalog.traces import Trace, load_trace
 from orbit_dagster.core.errors import OrbitError
-from orbit_dagster.policy.checkpointing import make_strategy
+from orbit_dagster.policy.checkpointing import CHECKPOINT_STRATEGIES, make_strategy
 from orbit_dagster.policy.deadline import Greedy, UniformProgress, run_deadline, setup_from_trace
 from orbit_dagster.policy.deadline_plan import OrbitDeadline, optimal
-from orbit_dagster.policy.simulate import JobParams, hindsight, replay_jobs, start_offsets
+from orbit_dagster.policy.simulate import JobParams, hindsight, replay_jobs, start_offsets, trace_mtbf_s
 
-CHECKPOINT_POLICIES = ("none", "fixed-30m", "young-daly", "hindsight", "orbit")
+#: The checkpoint policies ``orbit simulate`` reports by default (``none`` -- no checkpoint,
+#: no notice handling -- may still be asked for by name).
+CHECKPOINT_POLICIES = ("notice-only", "fixed-30m", "young-daly", "young-daly-true", "hindsight", "orbit")
 DEADLINE_POLICIES = ("greedy", "uniform-progress", "orbit", "optimal")
-DEFAULTS = {"job_hours": 24.0, "notice_seconds": 120.0, "save_seconds": 60.0, "restore_seconds": 300.0,
-            "starts": 8, "band": 4}
+DEFAULTS = {"job_hours": 24.0, "save_seconds": 60.0, "restore_seconds": 300.0, "starts": 8}
 
 
 def _policies(policy: str | None, deadline: bool) -> tuple[str, ...]:
     allowed = DEADLINE_POLICIES if deadline else CHECKPOINT_POLICIES
+    known = DEADLINE_POLICIES if deadline else CHECKPOINT_POLICIES + ("none",)
     if policy in (None, "", "all"):
         return allowed
-    if policy not in allowed:
+    if policy not in known:
         mode = "with --deadline-hours" if deadline else "without --deadline-hours"
-        other = CHECKPOINT_POLICIES if deadline else DEADLINE_POLICIES
+        other = CHECKPOINT_STRATEGIES + ("hindsight",) if deadline else DEADLINE_POLICIES
         hint = f" ({policy!r} is a policy for the other mode)" if policy in other else ""
         raise OrbitError(f"unknown policy {policy!r} {mode}{hint}", field="policy", value=policy,
-                         fix="use one of: " + ", ".join(allowed + ("all",)))
+                         fix="use one of: " + ", ".join(known + ("all",)))
     return (policy,)
 
 
 def _check_positive(name: str, value: float | None, *, allow_zero: bool = False) -> None:
     if value is None:
         return
-    if not isinstance(value, (int, float)) or value != value or value < 0 or (value == 0 and not allow_zero):
+    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0
+    if bad or (value == 0 and not allow_zero) or math.isinf(value):
         raise OrbitError(f"{name} must be {'>= 0' if allow_zero else '> 0'}", field=name, value=value,
-                         fix=f"pass a number {'>= 0' if allow_zero else '> 0'}")
+                         fix=f"pass a finite number {'>= 0' if allow_zero else '> 0'}")
 
 
 def simulate_trace(trace: Trace, *, policy: str | None = None, job_hours: float = 24.0,
-                   deadline_hours: float | None = None, notice_seconds: float = 120.0, save_seconds: float = 60.0,
-                   restore_seconds: float = 300.0, starts: int = 8, band: int = 4,
-                   model: ReclaimModel | None = None, notice_miss_rate: float = 0.0) -> dict[str, Any]:
-    """Replay ``trace`` and return a JSON-ready dict of per-policy figures."""
+                   deadline_hours: float | None = None, notice_seconds: float | None = None,
+                   save_seconds: float = 60.0, restore_seconds: float = 300.0, starts: int = 8,
+                   band: int | None = None, model: ReclaimModel | None = None, notice_miss_rate: float = 0.0,
+                   seeds: int = 1) -> dict[str, Any]:
+    """Replay ``trace`` and return a JSON-ready dict of per-policy figures.
+
+    ``notice_seconds`` None: the trace's cloud's notice. ``band`` None: the spot-advisor band
+    of the trace's instance type and region, else the riskiest band (4). With
+    ``notice_miss_rate`` > 0, ``seeds`` draws of which notices are lost are replayed for
+    every start (figures are means over all of them), so that a handful of unlucky
+    reclaims does not decide the comparison.
+    """
     for name, v in (("job_hours", job_hours), ("deadline_hours", deadline_hours), ("save_seconds", save_seconds)):
         _check_positive(name, v)
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise OrbitError("seeds must be an integer >= 1", field="seeds", value=seeds, fix="pass 1 or more draws")
     _check_positive("notice_seconds", notice_seconds, allow_zero=True)
     _check_positive("restore_seconds", restore_seconds, allow_zero=True)
+    if not (isinstance(notice_miss_rate, (int, float)) and 0 <= notice_miss_rate <= 1):
+        raise OrbitError("notice_miss_rate must be in [0, 1]", field="notice_miss_rate", value=notice_miss_rate,
+                         fix="pass the share of notices lost, e.g. 0.05")
     m = model or load_reclaim_model()
+    market = trace_market(trace, default_spot_usd_per_hour=m.spot_usd_per_hour,
+                          default_on_demand_usd_per_hour=m.on_demand_usd_per_hour)
+    notice = market.notice_s if notice_seconds is None else float(notice_seconds)
+    band = (market.band if market.band is not None else 4) if band is None else band
     names = _policies(policy, deadline_hours is not None)
     out: dict[str, Any] = {
         "trace": trace.name, "kind": trace.kind, "gap_seconds": trace.gap_seconds,
         "trace_hours": round(trace.duration_s / 3600, 3),
         "mode": "deadline" if deadline_hours is not None else "checkpoint",
-        "job_hours": job_hours, "deadline_hours": deadline_hours, "notice_seconds": notice_seconds,
-        "starts": starts, "notice_miss_rate": notice_miss_rate,
+        "job_hours": job_hours, "deadline_hours": deadline_hours, "notice_seconds": notice,
+        "starts": starts, "notice_miss_rate": notice_miss_rate, "notice_seeds": seeds if notice_miss_rate > 0 else 1,
+        "market": market.as_dict(),
         "assumptions": {"save_seconds": save_seconds, "emergency_save_seconds": save_seconds,
                         "restore_seconds": restore_seconds, "interruption_band": band,
-                        "spot_usd_per_hour": "trace prices" if trace.prices else m.spot_usd_per_hour,
-                        "on_demand_usd_per_hour": m.on_demand_usd_per_hour},
+                        "notice": "given" if notice_seconds is not None else market.sources["notice"]},
     }
     if deadline_hours is None:
-        out["results"] = _checkpoint_results(trace, names, job_hours, notice_seconds, save_seconds,
-                                             restore_seconds, starts, band, m, notice_miss_rate)
+        jobs = [JobParams(work_s=job_hours * 3600, save_s=save_seconds, restore_s=restore_seconds, notice_s=notice,
+                          start_s=s, nodes=market.nodes, gpus_per_node=max(market.gpus_per_node, 1),
+                          spot_usd_per_hour=market.spot_usd_per_hour, notice_miss_rate=notice_miss_rate, seed=seed)
+                for seed in range(seeds if notice_miss_rate > 0 else 1) for s in start_offsets(trace, starts)]
+        out["results"] = _checkpoint_results(trace, names, jobs, band, m, market)
     else:
-        out["results"] = _deadline_results(trace, names, job_hours, deadline_hours, notice_seconds, save_seconds,
-                                           restore_seconds, starts, band, m)
+        out["results"] = _deadline_results(trace, names, job_hours, deadline_hours, notice, save_seconds,
+                                           restore_seconds, starts, band, m, market)
     return out
 
 
-def _checkpoint_results(trace, names, job_hours, notice, save, restore, starts, band, m, miss) -> list[dict]:
-    jobs = [JobParams(work_s=job_hours * 3600, save_s=save, restore_s=restore, notice_s=notice, start_s=s,
-                      spot_usd_per_hour=m.spot_usd_per_hour, notice_miss_rate=miss)
-            for s in start_offsets(trace, starts)]
+def _checkpoint_results(trace: Trace, names, jobs: list[JobParams], band: int, m: ReclaimModel,
+                        market: TraceMarket) -> list[dict]:
+    job = jobs[0]
+    true_mtbf = trace_mtbf_s(trace, market.nodes)
     rows = []
     for name in names:
         extra: dict[str, Any] = {}
         if name == "hindsight":
-            tau, rs = hindsight(trace, jobs, uses_notice=notice > 0)
-            extra["interval_s"] = None if tau == float("inf") else tau
+            curve: dict[float, float] = {}
+            tau, rs = hindsight(trace, jobs, uses_notice=True, curve=curve)
+            extra["interval_s"] = None if math.isinf(tau) else tau
+            taus = list(curve)
+            i = taus.index(tau)
+            near = [curve[taus[j]] for j in (i - 1, i + 1) if 0 <= j < len(taus)]
+            # the mean of the two grid intervals beside the best (13% shorter and longer)
+            extra["neighbours_overhead_gpu_hours"] = round(sum(near) / len(near) * market.gpus / 3600, 4)
         else:
             def make(name=name):
-                return make_strategy(name, model=m, band=band, save_s=save, notice_s=notice)
+                return make_strategy(name, model=m, band=band, save_s=job.save_s, notice_s=job.notice_s,
+                                     nodes=market.nodes, true_mtbf_s=true_mtbf if math.isfinite(true_mtbf) else 1e12)
             rs = replay_jobs(trace, make, jobs, warm=(name == "orbit"))
-        n = len(rs)
-        paid = sum(r.paid_s for r in rs)
-        rows.append({
-            "policy": name, "jobs": n, "finished": sum(r.finished for r in rs),
-            "goodput": round(sum(r.useful_s for r in rs) / paid, 6) if paid else 0.0,
-            "cost_usd": round(sum(r.cost_usd for r in rs) / n, 4),
-            "missed_deadlines": None,
-            "wasted_gpu_hours": round(sum(r.wasted_s for r in rs) / n / 3600, 4),
-            "checkpoint_overhead_gpu_hours": round(sum(r.checkpoint_s for r in rs) / n / 3600, 4),
-            "restart_overhead_gpu_hours": round(sum(r.restart_s for r in rs) / n / 3600, 4),
-            "paid_gpu_hours": round(paid / n / 3600, 4),
-            "wall_hours": round(sum(r.wall_s for r in rs) / n / 3600, 3),
-            "reclaims": round(sum(r.reclaims for r in rs) / n, 2),
-            "emergency_checkpoints": round(sum(r.emergency_checkpoints for r in rs) / n, 2),
-            **extra,
-        })
+        rows.append({"policy": name, **summarise(rs, market.gpus), **extra})
     return rows
 
 
-def _deadline_results(trace, names, job_hours, deadline_hours, notice, save, restore, starts, band, m) -> list[dict]:
+def summarise(rs: list, gpus: int) -> dict[str, Any]:
+    """Means per job of a list of ``ReplayResult`` (GPU-hours = gang seconds x ``gpus``)."""
+    n = len(rs)
+    paid = sum(r.paid_s for r in rs)
+
+    def gpu_h(attr: str) -> float:
+        return round(sum(getattr(r, attr) for r in rs) * gpus / n / 3600, 4)
+
+    return {
+        "jobs": n, "finished": sum(r.finished for r in rs),
+        "goodput": round(sum(r.useful_s for r in rs) / paid, 6) if paid else 0.0,
+        "overhead_gpu_hours": gpu_h("overhead_s"),
+        "overhead_usd": round(sum(r.overhead_usd for r in rs) / n, 4),
+        "cost_usd": round(sum(r.cost_usd for r in rs) / n, 4),
+        "missed_deadlines": None,
+        "wasted_gpu_hours": gpu_h("wasted_s"),
+        "checkpoint_overhead_gpu_hours": gpu_h("checkpoint_s"),
+        "restart_overhead_gpu_hours": gpu_h("restart_s"),
+        "paid_gpu_hours": gpu_h("paid_s"),
+        "wall_hours": round(sum(r.wall_s for r in rs) / n / 3600, 3),
+        "reclaims": round(sum(r.reclaims for r in rs) / n, 2),
+        "emergency_checkpoints": round(sum(r.emergency_checkpoints for r in rs) / n, 2),
+    }
+
+
+def _deadline_results(trace, names, job_hours, deadline_hours, notice, save, restore, starts, band, m,
+                      market: TraceMarket) -> list[dict]:
     n = len(trace.data)
     setups = [setup_from_trace(trace, start_tick=int(i * n / starts), work_s=job_hours * 3600,
                                deadline_s=deadline_hours * 3600, changeover_s=restore, notice_s=notice, save_s=save,
-                               emergency_save_s=None, mtbf_s=3600.0 / m.band_rate(band),
-                               spot_usd_per_hour=m.spot_usd_per_hour, od_usd_per_hour=m.on_demand_usd_per_hour)
+                               emergency_save_s=None, mtbf_s=3600.0 / (m.band_rate(band) * market.nodes),
+                               spot_usd_per_hour=market.spot_usd_per_hour,
+                               od_usd_per_hour=market.on_demand_usd_per_hour, nodes=market.nodes)
               for i in range(starts)]
     makers = {"greedy": Greedy, "uniform-progress": UniformProgress, "orbit": lambda: OrbitDeadline(m)}
     per: dict[str, list] = {}
@@ -123,6 +168,7 @@ def _deadline_results(trace, names, job_hours, deadline_hours, notice, save, res
         per[name] = [optimal(s) if name == "optimal" else run_deadline(s, makers[name]()) for s in setups]
     best = sum(r.cost_usd for r in per["optimal"])
     od_only = sum(s.od_cost * (s.work_ticks + s.changeover_ticks) for s in setups)
+    gpus = market.gpus
     rows = []
     for name in names:
         rs = per[name]
@@ -136,7 +182,8 @@ def _deadline_results(trace, names, job_hours, deadline_hours, notice, save, res
             "cost_usd": round(cost / len(rs), 4),
             "missed_deadlines": sum(r.missed for r in rs),
             "missed_feasible_deadlines": sum(r.missed and s.feasible for s, r in zip(setups, rs)),
-            "wasted_gpu_hours": round((paid - useful) * gap / 3600 / len(rs), 4),
+            "overhead_gpu_hours": round((paid - useful) * gap * gpus / 3600 / len(rs), 4),
+            "wasted_gpu_hours": round((paid - useful) * gap * gpus / 3600 / len(rs), 4),
             "checkpoint_overhead_gpu_hours": None,
             "spot_hours": round(sum(r.spot_ticks for r in rs) * gap / 3600 / len(rs), 3),
             "on_demand_hours": round(sum(r.od_ticks for r in rs) * gap / 3600 / len(rs), 3),
@@ -150,18 +197,15 @@ def simulate_command(trace_path: str | Path, policy: str | None = None, job_hour
                      deadline_hours: float | None = None, notice_seconds: float | None = None, **kw: Any) -> dict:
     """What ``orbit simulate`` runs: load the trace, replay it, return the figures."""
     trace = load_trace(trace_path)
-    return simulate_trace(trace, policy=policy,
-                          job_hours=DEFAULTS["job_hours"] if job_hours is None else job_hours,
-                          deadline_hours=deadline_hours,
-                          notice_seconds=DEFAULTS["notice_seconds"] if notice_seconds is None else notice_seconds,
-                          **kw)
+    return simulate_trace(trace, policy=policy, job_hours=DEFAULTS["job_hours"] if job_hours is None else job_hours,
+                          deadline_hours=deadline_hours, notice_seconds=notice_seconds, **kw)
 
 
 _COLUMNS = {
-    "checkpoint": [("policy", "policy"), ("finished", "done"), ("goodput", "goodput"), ("cost_usd", "cost $"),
-                   ("wasted_gpu_hours", "wasted GPU-h"), ("checkpoint_overhead_gpu_hours", "ckpt GPU-h"),
-                   ("restart_overhead_gpu_hours", "restart GPU-h"), ("wall_hours", "wall h"),
-                   ("reclaims", "reclaims")],
+    "checkpoint": [("policy", "policy"), ("finished", "done"), ("overhead_gpu_hours", "overhead GPU-h"),
+                   ("overhead_usd", "overhead $"), ("wasted_gpu_hours", "wasted GPU-h"),
+                   ("checkpoint_overhead_gpu_hours", "ckpt GPU-h"), ("restart_overhead_gpu_hours", "restart GPU-h"),
+                   ("goodput", "goodput"), ("cost_usd", "cost $"), ("wall_hours", "wall h"), ("reclaims", "reclaims")],
     "deadline": [("policy", "policy"), ("missed_deadlines", "missed"), ("goodput", "goodput"),
                  ("cost_usd", "cost $"), ("wasted_gpu_hours", "wasted GPU-h"), ("spot_hours", "spot h"),
                  ("on_demand_hours", "on-demand h"), ("gap_to_optimal_pct", "vs optimal %"),
@@ -186,7 +230,13 @@ def format_result_table(results: dict) -> str:
             + f", notice {results['notice_seconds']:g} s; means per job")
     rows = [[label for _, label in cols]] + [[_cell(r.get(k)) for k, _ in cols] for r in results["results"]]
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-    lines = [head]
+    mk = results.get("market") or {}
+    spot = mk.get("spot_usd_per_hour_per_node")
+    lines = [head, (f"market: {mk.get('instance_type') or 'unknown type'} x {mk.get('nodes', 1)} node(s)"
+                    f" ({mk.get('cloud') or 'cloud unknown'} {mk.get('zone') or ''}); spot "
+                    + (spot if isinstance(spot, str) else f"{spot:g} $/h") + " per node; on-demand "
+                    f"{mk.get('on_demand_usd_per_hour_per_node', 0):g} $/h per node; "
+                    f"notice: {results['assumptions']['notice']}")]
     for j, row in enumerate(rows):
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
         if j == 0:
@@ -196,14 +246,3 @@ def format_result_table(results: dict) -> str:
             iv = r.get("interval_s")
             lines.append(f"hindsight's interval: {'never' if iv is None else f'{iv:.0f} s'}")
     return "\n".join(lines)
-
-
-def run_simulate_cli(trace: str, policy: str | None = None, job_hours: float | None = None,
-                     deadline_hours: float | None = None, notice_seconds: float | None = None,
-                     as_json: bool = False) -> tuple[str, int]:
-    """(text to print, exit code) for ``orbit simulate``; errors are one line, exit code 2."""
-    try:
-        res = simulate_command(trace, policy, job_hours, deadline_hours, notice_seconds)
-    except OrbitError as err:
-        return f"error: {err}", 2
-    return (json.dumps(res, indent=2, sort_keys=True) if as_json else format_result_table(res)), 0

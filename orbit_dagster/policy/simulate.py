@@ -1,20 +1,21 @@
-"""Deterministic replay of one job through a spot trace, for a checkpoint strategy.
+"""Deterministic replay of one job through a spot trace, for a checkpoint policy.
 
-The job needs ``work_s`` seconds of GPU work. It holds a spot instance whenever the trace
-can give one (waiting costs nothing), pays from the moment an instance is obtained, and:
+The job needs ``work_s`` seconds of work on ``nodes`` instances at once (a gang: an N-node
+trace needs all N; a reclaim of any of them ends the session). It holds the gang whenever
+the trace can give it (waiting costs nothing), pays from the moment it gets it, and:
 
 1. restores: ``restore_s`` of boot + image + checkpoint load (paid, no progress);
-2. works, stopping every ``strategy.interval(age)`` seconds for a durable checkpoint of
-   ``save_s`` (paid, no progress); work becomes durable when a save completes;
-3. at a reclaim (a 1->0 edge), loses every second of work since the last completed save,
-   unless the strategy uses the notice: the notice arrives ``notice_s`` before the reclaim
-   with the reclaim's time (as AWS's instance-action does), an emergency checkpoint is
-   started ``(1 + EMERGENCY_MARGIN) * emergency_save_s`` before it when that fits, and the
-   instance is released as soon as the checkpoint is durable (nothing left to gain by
-   paying until the reclaim);
+2. works, stopping every ``strategy.interval(age, work_left)`` seconds for a durable
+   checkpoint of ``save_s`` (paid, no progress); work becomes durable when a save completes;
+3. at a reclaim (the trace drops below ``nodes``), loses every second of work since the
+   last completed save, unless the strategy uses the notice and the notice arrives: it
+   comes ``notice_s`` before the reclaim with the reclaim's time (as AWS's instance-action
+   does); an emergency checkpoint starts ``(1 + EMERGENCY_MARGIN) * emergency_save_s``
+   before the reclaim when that fits, and the gang is released as soon as it is durable
+   (or at the notice, when no save can complete: nothing left to gain by paying);
 4. finishes with a final durable save (every strategy pays it).
 
-Accounting, exact for every run (tests check it):
+Accounting, exact for every run (tests check it), in seconds of the gang and in dollars:
 ``paid = useful + checkpoint_overhead + restart_overhead + wasted + in_flight``
 
 - useful: work in the final result;
@@ -24,8 +25,12 @@ Accounting, exact for every run (tests check it):
   reclaim cut short, and paid time after an emergency checkpoint before the reclaim;
 - in_flight: work not yet durable when the replay horizon ends (unfinished jobs only).
 
+**Total overhead** = paid - useful = checkpoint + restart + wasted (+ in flight).
+Dollars are each interval's seconds at the trace's price of each tick, times ``nodes``.
+
 ``notice_miss_rate`` (default 0: every notice arrives) drops the notice of a seeded share of
-reclaims, for sensitivity runs: AWS documents the notice as best effort.
+reclaims, for sensitivity runs: AWS documents the notice as best effort. Which notices are
+lost depends on the reclaim's time and the seed only, so every policy loses the same ones.
 """
 from __future__ import annotations
 
@@ -51,8 +56,9 @@ class JobParams:
     emergency_save_s: float | None = None
     start_s: float = 0.0
     horizon_s: float | None = None  # default: two passes over the trace
-    nodes: int = 1
-    spot_usd_per_hour: float = 0.918  # for traces without prices
+    nodes: int = 1  # instances held at once (the gang); prices and GPU-hours scale with it
+    gpus_per_node: int = 1  # for GPU-hours (1 for CPU instances: instance-hours)
+    spot_usd_per_hour: float = 0.918  # per instance, for traces without prices
     notice_miss_rate: float = 0.0  # share of reclaims whose notice never arrives (seeded per reclaim)
     seed: int = 0
 
@@ -78,11 +84,25 @@ class ReplayResult:
     checkpoints: int = 0
     emergency_checkpoints: int = 0
     sessions: int = 0
+    useful_usd: float = 0.0
+    checkpoint_usd: float = 0.0
+    restart_usd: float = 0.0
+    wasted_usd: float = 0.0
+    in_flight_usd: float = 0.0
     extra: dict = field(default_factory=dict)
 
     @property
     def goodput(self) -> float:
         return self.useful_s / self.paid_s if self.paid_s > 0 else 0.0
+
+    @property
+    def overhead_s(self) -> float:
+        """Total overhead: every paid second that is not useful work."""
+        return self.paid_s - self.useful_s
+
+    @property
+    def overhead_usd(self) -> float:
+        return self.cost_usd - self.useful_usd
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -96,12 +116,12 @@ class ReplayResult:
 
 
 class _PriceClock:
-    """Cumulative spot dollars at any trace time (piecewise constant per tick, cyclic)."""
+    """Cumulative spot dollars of the gang at any trace time (piecewise constant per tick, cyclic)."""
 
-    def __init__(self, trace: Trace, default_usd_per_hour: float):
+    def __init__(self, trace: Trace, default_usd_per_hour: float, nodes: int = 1):
         self.gap = trace.gap_seconds
         self.n = len(trace.data)
-        self.rate = [trace.price_at(k, default_usd_per_hour) / 3600.0 for k in range(self.n)]
+        self.rate = [trace.price_at(k, default_usd_per_hour) * nodes / 3600.0 for k in range(self.n)]
         self.prefix = [0.0]
         for r in self.rate:
             self.prefix.append(self.prefix[-1] + r * self.gap)
@@ -119,14 +139,15 @@ def replay(trace: Trace, strategy: CheckpointStrategy, job: JobParams) -> Replay
     """Run ``job`` through ``trace`` under ``strategy``; same inputs, same numbers."""
     horizon = job.horizon_s if job.horizon_s is not None else 2 * trace.duration_s
     res = ReplayResult(policy=strategy.name, finished=False, work_s=job.work_s, wall_s=horizon)
-    prices = _PriceClock(trace, job.spot_usd_per_hour)
+    book = _Book(res, _PriceClock(trace, job.spot_usd_per_hour, job.nodes))
     durable = 0.0
     for s0, e, reclaimed in up_runs(trace, job.start_s, horizon, nodes=job.nodes, cyclic=True):
         res.sessions += 1
-        end, durable, done = _session(s0, e, reclaimed, durable, strategy, job, res)
+        end, durable, done = _session(s0, e, reclaimed, durable, strategy, job, book)
         res.paid_s += end - s0
-        res.cost_usd += prices.cost(s0, end)
-        strategy.end_session(end - s0, reclaimed and not done)
+        res.cost_usd += book.prices.cost(s0, end)
+        lost = reclaimed and not done
+        strategy.end_session(end - s0, lost, _noticed(job, e) if lost else None)
         if done:
             res.finished = True
             res.wall_s = end - job.start_s
@@ -137,48 +158,61 @@ def replay(trace: Trace, strategy: CheckpointStrategy, job: JobParams) -> Replay
     return res
 
 
+class _Book:
+    """Adds an interval of trace time to one account, in seconds and in dollars."""
+
+    def __init__(self, res: ReplayResult, prices: _PriceClock):
+        self.res, self.prices = res, prices
+
+    def add(self, account: str, a: float, b: float) -> None:
+        if b <= a:
+            return
+        setattr(self.res, f"{account}_s", getattr(self.res, f"{account}_s") + (b - a))
+        setattr(self.res, f"{account}_usd", getattr(self.res, f"{account}_usd") + self.prices.cost(a, b))
+
+
+def _noticed(job: JobParams, reclaim_at: float) -> bool | None:
+    """What the control plane records about a reclaim: did a notice precede it (None: no notice exists)."""
+    return None if job.notice_s <= 0 else not notice_missed(job, reclaim_at)
+
+
 def _session(s0: float, e: float, reclaimed: bool, durable: float, strategy: CheckpointStrategy,
-             job: JobParams, res: ReplayResult) -> tuple[float, float, bool]:
-    """One instance from ``s0`` to its reclaim (or the horizon) at ``e``: (end, durable, finished)."""
+             job: JobParams, book: _Book) -> tuple[float, float, bool]:
+    """One gang from ``s0`` to its reclaim (or the horizon) at ``e``: (end, durable, finished)."""
+    res = book.res
     if s0 + job.restore_s >= e:
-        res.restart_s += e - s0
+        book.add("restart", s0, e)
         return e, durable, False
-    res.restart_s += job.restore_s
+    book.add("restart", s0, s0 + job.restore_s)
     t = s0 + job.restore_s
     emergency_at = None
     if reclaimed and strategy.uses_notice and job.notice_s > 0 and not notice_missed(job, e):
         notice_at = max(s0, e - job.notice_s)
         emergency_at = max(notice_at, e - (1.0 + EMERGENCY_MARGIN) * job.esave)
+    lost = "wasted" if reclaimed else "in_flight"
     while True:
-        tau = max(strategy.interval(t - s0), 1e-6)
+        tau = max(strategy.interval(t - s0, job.work_s - durable), 1e-6)
         finish_at = t + (job.work_s - durable)
         save_at = min(t + tau, finish_at)
         final = save_at >= finish_at
         if emergency_at is not None and emergency_at < save_at and save_at + job.save_s > e:
             start = max(emergency_at, t)
             if start > t and start + job.esave <= e:
+                book.add("useful", t, start)
+                book.add("checkpoint", start, start + job.esave)
                 durable += start - t
-                res.checkpoint_s += job.esave
                 res.emergency_checkpoints += 1
                 start += job.esave
             elif start > t:  # the save cannot complete before the reclaim: that work is lost
-                res.wasted_s += start - t
-            # the reclaim time is known: release the instance now rather than pay until it
+                book.add("wasted", t, start)
+            # the reclaim time is known: release the gang now rather than pay until it
             return start, durable, False
-        if save_at >= e:  # reclaim (or horizon) while working
-            if reclaimed:
-                res.wasted_s += e - t
-            else:
-                res.in_flight_s += e - t
+        if save_at + job.save_s > e:  # reclaimed (or the horizon) while working or saving
+            book.add(lost, t, e)
             return e, durable, False
-        if save_at + job.save_s > e:  # the save is cut short
-            if reclaimed:
-                res.wasted_s += e - t
-            else:
-                res.in_flight_s += e - t
-            return e, durable, False
+        book.add("useful", t, save_at)
+        book.add("checkpoint", save_at, save_at + job.save_s)
         durable += save_at - t
-        res.checkpoint_s += job.save_s
         res.checkpoints += 1
         t = save_at + job.save_s
         if final:
@@ -211,7 +245,7 @@ def replay_jobs(trace: Trace, make: Callable[[], CheckpointStrategy], jobs: list
     for job in jobs:
         strategy = make()
         if warm:
-            warm_up(strategy, trace, job.start_s, job.nodes)
+            warm_up(strategy, trace, job.start_s, job.nodes, job)
         out.append(replay(trace, strategy, job))
     return out
 
@@ -221,17 +255,22 @@ HINDSIGHT_GRID_S = tuple(round(120.0 * (360.0 ** (i / 47)), 1) for i in range(48
 
 
 def hindsight(trace: Trace, jobs: list[JobParams], *, uses_notice: bool,
-              grid: tuple[float, ...] = HINDSIGHT_GRID_S) -> tuple[float, list[ReplayResult]]:
+              grid: tuple[float, ...] = HINDSIGHT_GRID_S,
+              curve: dict[float, float] | None = None) -> tuple[float, list[ReplayResult]]:
     """The best *fixed* interval for this very trace: the offline baseline.
 
     It may look at the whole trace, future included, to choose one interval for all the
     jobs replayed on it, and it gets the same notice handling as ``orbit`` (``uses_notice``).
     Best = most jobs finished, then the fewest paid GPU-seconds, then the least waste.
+    ``curve``, when given, receives every interval's mean overhead seconds per job: how much
+    of the best one's edge over its neighbours is the luck of choosing on the realised trace.
     """
     best_key: tuple | None = None
     best: tuple[float, list[ReplayResult]] | None = None
     for tau in grid:
         rs = replay_jobs(trace, lambda: FixedInterval(tau, uses_notice=uses_notice, name="hindsight"), jobs)
+        if curve is not None:
+            curve[tau] = sum(r.overhead_s for r in rs) / len(rs)
         key = (-sum(r.finished for r in rs), sum(r.paid_s for r in rs), sum(r.wasted_s for r in rs))
         if best_key is None or key < best_key:
             best_key, best = key, (tau, rs)
@@ -241,10 +280,23 @@ def hindsight(trace: Trace, jobs: list[JobParams], *, uses_notice: bool,
     return best
 
 
-def warm_up(strategy: CheckpointStrategy, trace: Trace, until_s: float, nodes: int = 1) -> None:
+def warm_up(strategy: CheckpointStrategy, trace: Trace, until_s: float, nodes: int = 1,
+            job: JobParams | None = None) -> None:
     """Let a strategy observe the trace's past (before ``until_s``), as the control plane's
-    price/availability feed would have; never the future."""
+    availability feed and its record of earlier instances in the zone would have: each
+    lifetime, each reclaim and (given ``job``) whether a notice preceded it. Never the future."""
     if until_s <= 0:
         return
     for s0, e, reclaimed in up_runs(trace, 0.0, until_s, nodes=nodes, cyclic=False):
-        strategy.end_session(e - s0, reclaimed and e < until_s)
+        lost = reclaimed and e < until_s
+        strategy.end_session(e - s0, lost, _noticed(job, e) if (lost and job is not None) else None)
+
+
+def trace_mtbf_s(trace: Trace, nodes: int = 1) -> float:
+    """The trace's true MTBF for a gang of ``nodes``: up-time per reclaim over the whole trace
+    (``inf`` when it never reclaims). What ``young-daly-true`` is told; no online policy is."""
+    up, reclaims = 0.0, 0
+    for s0, e, reclaimed in up_runs(trace, 0.0, trace.duration_s, nodes=nodes, cyclic=False):
+        up += e - s0
+        reclaims += reclaimed
+    return up / reclaims if reclaims else math.inf

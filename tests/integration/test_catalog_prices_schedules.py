@@ -78,5 +78,5 @@ def test_orbit_offers_json_lists_gce_h100_with_prices_and_reliability(orbit_home
     gce = [o for o in offers if o["provider"] == "gce"]
     assert gce and all(o["gpu"].startswith("H100") for o in offers)
     assert all(o["usd_per_gpu_hour_on_demand"] and o["usd_per_gpu_hour_spot"] and 0 < o["reliability"] <= 1 for o in gce)
-    ranked = [o["usd_per_effective_tflop_hour"] for o in offers if o["usd_per_effective_tflop_hour"] is not None]
-    assert ranked == sorted(ranked)
+    ranked = [o["usd_per_useful_pflop"] for o in offers]  # dispatch's order (policy.offer_choice.rank_offers)
+    assert ranked == sorted(ranked) and all(o["reason"] for o in offers)

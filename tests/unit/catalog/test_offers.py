@@ -107,7 +107,9 @@ def test_acceptance_orbit_offers_gpu_h100_json():
     for r in priced:
         assert r["usd_per_gpu_hour_on_demand"] > r["usd_per_gpu_hour_spot"] > 0
         assert 0 < r["reliability"] <= 1 and r["reliability_source"]
-    assert doc["sorted_by"] == "usd_per_effective_tflop_hour"
+    assert doc["ranked_by"] == "usd_per_useful_pflop"
+    assert [r["rank"] for r in doc["offers"]] == list(range(1, len(doc["offers"]) + 1))
+    assert all(r["reason"] for r in doc["offers"] + doc["not_ranked"])
 
 
 def test_json_rows_round_trip_the_offer_prices():
@@ -149,3 +151,33 @@ def test_diff_between_two_real_dates_reports_removals_and_moves():
     assert diff_catalogs(offers_json(a), offers_json(b)) == diff_catalogs(a, b)  # persisted JSON works too
     with pytest.raises(CatalogError):
         diff_catalogs([{"provider": "gce"}], [])
+
+
+def test_orbit_offers_shows_the_ranking_dispatch_uses():
+    """The first offer `orbit offers` shows is the one rank_offers (dispatch) chooses from the same inputs."""
+    from orbit_dagster.catalog.offers import DISPATCH_RESTORE_S, PROVIDER_NOTICE_S
+    from orbit_dagster.policy.offer_choice import rank_offers
+    from orbit_dagster.policy.reclaim_rate import RateBook
+
+    offers = list_offers(gpu="H100")
+    first = offers[0].offer_id
+    observed = {first: (30, 10.0)}  # the ledger saw the catalog's favourite reclaimed 3 times an hour
+    doc = json.loads(offers_command("H100", None, True, observed=observed, save_s=60.0))
+    book = RateBook()
+    book.for_offer(offers[0]).observe(30, 36000.0)
+    d = rank_offers(offers, gpu="any", save_s=60.0, restore_s=DISPATCH_RESTORE_S, notice_s=PROVIDER_NOTICE_S, rates=book)
+    assert [r["offer_id"] for r in doc["offers"]] == [s.offer.offer_id for s in d.ranked]
+    assert doc["offers"][0]["offer_id"] == d.chosen.offer_id != first
+    mine = next(r for r in doc["offers"] if r["offer_id"] == first)
+    assert mine["expected_reclaims_per_hour"] > 2 and "reclaims/h" in mine["reason"]
+    table = offers_command("H100", None, False, observed=observed, save_s=60.0)
+    assert table.splitlines()[1].split()[1] == d.chosen.offer_id and "ranked as dispatch ranks" in table
+
+
+def test_orbit_offers_refuses_bad_inputs():
+    with pytest.raises(CatalogError) as err:
+        offers_command("H100", None, False, save_s=-1)
+    assert err.value.field == "save_s"
+    with pytest.raises(CatalogError) as err:
+        offers_command("H100", None, False, gpu_count=0)
+    assert err.value.field == "gpu_count"

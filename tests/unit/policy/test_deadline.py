@@ -106,3 +106,56 @@ def test_fine_traces_are_coarsened():
                          save_s=60, emergency_save_s=None, mtbf_s=7200, spot_usd_per_hour=0.9, od_usd_per_hour=3.0)
     assert s.gap_s == 192 and s.work_ticks == 19 and s.deadline_ticks == 37 and s.changeover_ticks == 2
     assert len(s.history) == 10 and s.spot_cost[0] == pytest.approx(0.9 * 192 / 3600)
+
+
+# ---------------------------------------------------------------- the control plane's door: spot_or_on_demand
+
+def _door(**kw):
+    from orbit_dagster.policy.deadline_plan import spot_or_on_demand
+    args = dict(work_left_s=10 * 3600, time_left_s=16 * 3600, spot_available=True, spot_usd_per_hour=0.9,
+                on_demand_usd_per_hour=3.06, restore_s=300, save_s=60, notice_s=120, mtbf_s=7200, model=M)
+    args.update(kw)
+    return spot_or_on_demand(**args)
+
+
+def test_the_door_takes_the_replays_first_decision():
+    """One policy, two drivers: on the same state, spot_or_on_demand answers what OrbitDeadline does."""
+    from orbit_dagster.policy.deadline import setup_from_ticks
+    from orbit_dagster.policy.deadline_plan import ACTION_NAMES, MarkovAvailability
+    gap = 180.0
+    for avail0, work_h, deadline_h in ((True, 10, 16), (False, 10, 16), (False, 10, 30), (True, 10, 10.3)):
+        s = setup_from_ticks([avail0] + [True] * 400, [0.9] * 401, gap_s=gap, od_usd_per_hour=3.06,
+                             work_s=work_h * 3600, deadline_s=deadline_h * 3600, changeover_s=300,
+                             loss_ticks=loss_ticks_for(gap, notice_s=120, save_s=60, emergency_save_s=None, mtbf_s=7200))
+        first = run_deadline(s, OrbitDeadline(M)).actions[0]
+        est = MarkovAvailability.from_model(M, gap)
+        est.observe([avail0])
+        d = _door(work_left_s=work_h * 3600, time_left_s=deadline_h * 3600, spot_available=avail0, availability=est)
+        assert d.action == ACTION_NAMES[first], (avail0, work_h, deadline_h, d)
+        assert d.reason and d.inputs["tick_s"] == gap
+
+
+def test_the_door_is_safe_and_says_why():
+    assert _door(spot_available=False, time_left_s=40 * 3600).action == "wait"  # plenty of slack, no spot
+    tight = _door(time_left_s=10 * 3600 + 300 + 100)  # less than one tick of slack
+    assert tight.action == "on_demand" and "safety rule" in tight.reason
+    late = _door(time_left_s=5 * 3600)
+    assert late.action == "on_demand" and "can no longer meet" in late.reason
+    assert _door(work_left_s=0).action == "wait"
+    with pytest.raises(OrbitError) as err:
+        _door(holding="gpu")
+    assert err.value.field == "holding"
+    with pytest.raises(OrbitError) as err:
+        _door(work_left_s=-1)
+    assert err.value.field == "work_left_s"
+
+
+def test_deadline_setups_price_the_whole_gang():
+    t = make_trace([3, 3, 2, 3] * 60, gap=200)
+    t = t.__class__(name=t.name, gap_seconds=t.gap_seconds, data=t.data, prices=None, kind="multinode")
+    one = setup_from_trace(t, start_tick=0, work_s=3600, deadline_s=7200, changeover_s=200, notice_s=120, save_s=60,
+                           emergency_save_s=None, mtbf_s=3600, spot_usd_per_hour=1.0, od_usd_per_hour=3.0)
+    gang = setup_from_trace(t, start_tick=0, work_s=3600, deadline_s=7200, changeover_s=200, notice_s=120, save_s=60,
+                            emergency_save_s=None, mtbf_s=3600, spot_usd_per_hour=1.0, od_usd_per_hour=3.0, nodes=3)
+    assert gang.od_cost == pytest.approx(3 * one.od_cost) and gang.spot_cost[0] == pytest.approx(3 * one.spot_cost[0])
+    assert all(one.avail) and not all(gang.avail)  # a tick with 2 of 3 nodes has no spot for the gang

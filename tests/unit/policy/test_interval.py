@@ -84,3 +84,21 @@ def test_bad_input_names_the_field(kw, field):
     with pytest.raises(OrbitError) as err:
         checkpoint_interval(**kw)
     assert err.value.field == field
+
+
+@settings(max_examples=100)
+@given(st.floats(min_value=600, max_value=1e6), st.floats(min_value=1, max_value=600),
+       st.floats(min_value=0, max_value=1e5), st.floats(min_value=0.3, max_value=1.5),
+       st.floats(min_value=1e-4, max_value=1.0))
+def test_insuring_against_fewer_reclaims_never_shortens_the_interval(m, s, age, shape, u):
+    full = age_aware_interval(age, m, s, shape=shape, min_s=1.0, max_s=math.inf)
+    part = age_aware_interval(age, m, s, shape=shape, min_s=1.0, max_s=math.inf, uncovered=u)
+    assert part >= full - 1.0
+    assert age_aware_interval(age, m, s, shape=shape, max_s=7200.0, uncovered=0.0) == 7200.0
+
+
+def test_memoryless_full_insurance_is_young():
+    assert age_aware_interval(5000.0, 7200.0, 60.0, shape=1.0, min_s=1.0, max_s=1e9) == pytest.approx(
+        young_interval(7200.0, 60.0), abs=1.0)
+    assert age_aware_interval(5000.0, 7200.0, 60.0, shape=1.0, min_s=1.0, max_s=1e9, uncovered=0.25) == pytest.approx(
+        young_interval(4 * 7200.0, 60.0), abs=1.0)

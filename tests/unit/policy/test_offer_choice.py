@@ -98,3 +98,21 @@ def test_on_demand_is_chosen_when_spot_is_reclaimed_constantly():
     d = rank_offers([offer("spot", price_h=0.9, rate=20.0), offer("od", price_h=3.0, spot=False)], model=M, notice_s=0)
     assert d.chosen.offer_id == "od"
     assert d.ranked[0].rate_source == "on-demand"
+
+
+def test_every_position_has_a_reason_and_notice_is_per_provider():
+    from orbit_dagster.core.offers import Offer
+    mk = lambda i, provider, price, band: Offer(  # noqa: E731
+        offer_id=f"{provider}:{i}", provider=provider, instance_type="x", gpu="H100", gpu_count=1,
+        usd_per_gpu_second_spot=price / 3600, usd_per_gpu_second_on_demand=4 * price / 3600,
+        spec_tflops_bf16=989.0, interruption_band=band)
+    offers = [mk(1, "aws", 2.0, ">20%"), mk(2, "gce", 2.0, ">20%"), mk(3, "aws", 2.2, "<5%")]
+    d = rank_offers(offers, save_s=60, restore_s=300, notice_s={"aws": 120.0, "gce": 30.0})
+    by = {s.offer.offer_id: s for s in d.ranked}
+    assert by["aws:1"].notice_s == 120 and by["gce:2"].notice_s == 30
+    # the same price and risk, but GCE's 30 s notice cannot hold a 60 s emergency save: lower goodput
+    assert by["aws:1"].goodput > by["gce:2"].goodput
+    assert d.ranked[0].reason.startswith("lowest expected $ per useful PFLOP")
+    assert all(s.reason.startswith("+") and "vs #1" in s.reason for s in d.ranked[1:])
+    assert all(c["reason"] for c in d.as_record()["candidates"])
+    assert d.as_record()["inputs"]["notice_s"] == {"aws": 120.0, "gce": 30.0}

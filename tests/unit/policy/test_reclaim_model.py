@@ -7,7 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orbit_dagster.catalog.fit_reclaims import fit_from_dir, main, parse_trace_name
+from orbit_dagster.catalog.fit_reclaims import (
+    TRAINING_TRACES, fit_from_dir, main, parse_trace_name, split_traces,
+)
+from orbit_dagster.catalog.traces import load_traces
 from orbit_dagster.catalog.reclaim_model import (
     ReclaimModel, band_code, fit_reclaim_model, generate_trace, load_reclaim_model, trace_stats, weibull_shape_mle,
 )
@@ -20,6 +23,24 @@ def test_shipped_model_is_what_the_fitting_code_produces(shared_data):
     """The JSON in the package is reproducible from the data by the repo's code, not hand-edited."""
     shipped = Path(__file__).resolve().parents[3] / "orbit_dagster" / "data" / "reclaim_model.json"
     assert fit_from_dir(shared_data).to_json() == shipped.read_text()
+
+
+def test_the_leave_out_split_is_really_left_out(shared_data):
+    """Fails if an evaluation trace was used to fit the shipped model (or the split leaks)."""
+    train, evaluation = split_traces(load_traces(shared_data))
+    shipped = load_reclaim_model()
+    assert {t.name for t in train} == set(TRAINING_TRACES) == set(shipped.fitted_from)
+    assert evaluation and not ({t.name for t in evaluation} & set(shipped.fitted_from))
+    assert not ({t.name for t in evaluation} & {p["name"] for p in shipped.per_trace})
+    # the bench refuses to report on a trace the model was fitted on
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_policies", Path(__file__).resolve().parents[3] / "bench" / "policies.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    leaky = ReclaimModel.from_dict({**json.loads(shipped.to_json()), "fitted_from": [evaluation[0].name]})
+    bench.load_reclaim_model = lambda: leaky
+    with pytest.raises(SystemExit, match="fitted on evaluation traces"):
+        bench.run(shared_data, 1, True, log=lambda s: None)
 
 
 def test_fit_cli_writes_a_loadable_model(shared_data, tmp_path):
@@ -36,7 +57,7 @@ def test_fit_cli_writes_a_loadable_model(shared_data, tmp_path):
 def test_fit_cli_reports_a_bad_directory(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "no trace files" in err and "fix:" in err
+    assert "no training trace" in err and "fix:" in err
 
 
 def test_weibull_mle_recovers_the_shape():

@@ -72,3 +72,20 @@ def test_bad_prior():
     with pytest.raises(OrbitError) as err:
         ReclaimRateEstimator(0.0)
     assert err.value.field == "prior_rate_per_hour"
+
+
+def test_notice_reliability_is_a_beta_posterior_with_clear_errors():
+    from orbit_dagster.policy.reclaim_rate import NOTICE_MISS_PRIOR, NoticeReliability
+    n = NoticeReliability()
+    assert n.miss_rate == pytest.approx(NOTICE_MISS_PRIOR)
+    n.observe(98, 2)
+    assert n.miss_rate == pytest.approx((2 * NOTICE_MISS_PRIOR + 2) / 100)
+    assert n.as_record()["reclaims"] == 98
+    for kw, field in ((dict(reclaims=-1, missed=0), "reclaims"), (dict(reclaims=1, missed=2), "missed"),
+                      (dict(reclaims=True, missed=0), "reclaims")):
+        with pytest.raises(OrbitError) as err:
+            n.observe(**kw)
+        assert err.value.field == field
+    with pytest.raises(OrbitError) as err:
+        NoticeReliability(prior_miss_rate=0.0)
+    assert err.value.field == "prior_miss_rate"

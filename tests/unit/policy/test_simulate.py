@@ -10,7 +10,7 @@ from orbit_dagster.policy.simulate import JobParams, hindsight, replay, replay_j
 from .helpers import expand, make_trace, model, runs
 
 M = model()
-NAMES = ["none", "fixed-30m", "young-daly", "orbit"]
+NAMES = ["none", "notice-only", "fixed-30m", "young-daly", "orbit"]
 
 
 def _strategy(name, job):
@@ -31,6 +31,9 @@ def test_every_paid_second_is_accounted_for(rs, name, notice, work, start):
     assert r.paid_s == pytest.approx(_identity(r), abs=1e-6)
     assert min(r.useful_s, r.checkpoint_s, r.restart_s, r.wasted_s, r.in_flight_s) >= 0
     assert r.cost_usd == pytest.approx(r.paid_s / 3600 * job.spot_usd_per_hour)
+    dollars = r.useful_usd + r.checkpoint_usd + r.restart_usd + r.wasted_usd + r.in_flight_usd
+    assert r.cost_usd == pytest.approx(dollars, abs=1e-6)
+    assert r.overhead_s == pytest.approx(r.checkpoint_s + r.restart_s + r.wasted_s + r.in_flight_s, abs=1e-6)
     if r.finished:
         assert r.useful_s == pytest.approx(work) and r.in_flight_s == 0
     again = replay(t, _strategy(name, job), job)
