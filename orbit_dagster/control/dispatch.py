@@ -96,7 +96,8 @@ def _launch(settings: Settings, ledger: Ledger, job: dict, bundle, provider: Pro
         provisioned.append(instance)
     offer = instance.offer
     run_id = R.run_id_for(job_id, attempt)
-    interval, interval_row = checkpoint_plan(ledger, provider, template, offer, job_id=job_id, attempt=attempt)
+    interval, interval_row = checkpoint_plan(ledger, provider, template, offer, job_id=job_id, attempt=attempt,
+                                             done_steps=int(resume["step"]) if resume else 0)
     decision["inputs"] = R.dumps({**json.loads(decision["inputs"]), "tried": tried,
                                   "standby": instance.instance_id if standby else None})
     if standby:  # provisioned ahead by a migration: it becomes this attempt's instance
@@ -170,35 +171,71 @@ def provision_first(provider: Provider, ranked: list, job_id: str, attempt: int)
                      provider=provider.name, fix="the job is retried as an interruption; or widen resources")
 
 
-def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_id: str, attempt: int) -> tuple[int, dict]:
+def fleet_notices(ledger: Ledger, provider: str):
+    """What this provider's reclaims taught us about its notices: how many came without one."""
+    from ..policy.reclaim_rate import NoticeReliability
+
+    row = ledger.one(
+        """SELECT count(*) AS reclaims,
+                  coalesce(sum(CASE WHEN NOT EXISTS (SELECT 1 FROM events e WHERE e.run_id = r.run_id
+                                                     AND e.kind IN ('notice', 'host_notice'))
+                                    THEN 1 ELSE 0 END), 0) AS missed
+           FROM runs r WHERE r.provider = ? AND r.state = 'LOST' AND r.failure_class = 'reclaim'""", [provider])
+    notices = NoticeReliability()
+    notices.observe(int(row["reclaims"]), int(row["missed"]))
+    return notices
+
+
+def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_id: str, attempt: int,
+                    done_steps: int = 0) -> tuple[int, dict]:
     """The durable checkpoint interval in steps, and its decision row.
 
-    `interval_policy: orbit` or `young-daly` converts the policy's interval (from the offer's
-    reclaim rate, the measured save time and the notice) into steps with the measured step
-    time; `fixed` keeps the template's `every_steps`. Both record the policy's figure."""
-    from ..policy.interval import checkpoint_interval
-    from ..policy.reclaim_rate import ReclaimRateEstimator
+    `every_steps` is the template's cadence: checkpoints (which are also what is evaluated
+    and ranked) come at least that often. `interval_policy: orbit` (the default) may ask for
+    more: the same `policy.checkpointing.OrbitInterval` that `orbit simulate` replays, from
+    the offer's reclaim rate (its prior updated with every reclaim the ledger saw on it), the
+    fleet's record of notices, the measured save time and the work left; `young-daly` is
+    Daly's interval for the offer's MTBF; `fixed` is the cadence alone. The policy decides at
+    launch (the instance's age 0), in seconds of work, turned into steps with the measured
+    step time."""
+    import math
+
+    from ..policy.checkpointing import OrbitInterval, StaticYoungDaly
+    from ..policy.reclaim_rate import RateBook
     from .offers import measured_save_seconds
     from .observations import measured_step_seconds, observed_reclaims
 
-    est = ReclaimRateEstimator.for_offer(offer)
+    book = RateBook()
+    est = book.for_offer(offer)
     seen = observed_reclaims(ledger).get(offer.offer_id)
     if seen:
         est.observe(seen[0], seen[1] * 3600.0)
     save_s = measured_save_seconds(ledger, template.name)
     step_s = measured_step_seconds(ledger, template.name)
-    interval_s = checkpoint_interval(est.mtbf_s, save_s, notice_s=provider.notice_seconds, min_s=0.0)
-    policy_steps = max(1, int(round(interval_s / step_s))) if step_s else None
-    fixed = template.checkpoint.every_steps
-    steps = policy_steps if template.checkpoint.interval_policy != "fixed" and policy_steps else fixed
+    cadence = template.checkpoint.every_steps
+    work_left_s = max(int(template.config.get("steps", 0)) - done_steps, 0) * step_s or math.inf
+    name = template.checkpoint.interval_policy
+    decision: dict = {"interval_s": None, "reason": "the template's cadence", "inputs": {}}
+    if name == "orbit":
+        policy = OrbitInterval.for_offer(offer, save_s=save_s, notice_s=provider.notice_seconds, rates=book,
+                                         notices=fleet_notices(ledger, provider.name),
+                                         nodes=1)  # one instance per attempt
+        decision = policy.decide(age_s=0.0, work_left_s=work_left_s)
+    elif name == "young-daly":
+        tau = StaticYoungDaly(est.mtbf_s, save_s).interval(0.0, work_left_s)
+        decision = {"interval_s": tau, "reason": f"Daly's interval for MTBF {est.mtbf_s:.0f} s", "inputs": {}}
+    interval_s = decision.get("interval_s")
+    policy_steps = (max(1, int(round(interval_s / step_s)))
+                    if interval_s is not None and math.isfinite(interval_s) and step_s else None)
+    steps = min(cadence, policy_steps) if policy_steps else cadence
     row = {
         "decision_id": R.event("decision")["event_id"], "job_id": job_id, "attempt": attempt,
-        "kind": "checkpoint_interval", "chosen": str(steps), "runner_up": str(fixed if steps != fixed else policy_steps),
-        "inputs": R.dumps({"policy": template.checkpoint.interval_policy, "mtbf_s": est.mtbf_s,
-                           "rate": est.as_record(), "save_s": save_s, "step_s": step_s,
-                           "notice_s": provider.notice_seconds, "interval_s": interval_s,
-                           "policy_steps": policy_steps, "template_steps": fixed}),
+        "kind": "checkpoint_interval", "chosen": str(steps),
+        "runner_up": str(policy_steps if steps == cadence else cadence),
+        "inputs": R.dumps({"policy": name, "reason": decision.get("reason"), "policy_inputs": decision.get("inputs"),
+                           "interval_s": interval_s, "policy_steps": policy_steps, "cadence_steps": cadence,
+                           "save_s": save_s, "step_s": step_s, "notice_s": provider.notice_seconds,
+                           "work_left_s": None if math.isinf(work_left_s) else work_left_s, "rate": est.as_record()}),
         "ts": utcnow(),
     }
     return steps, row
-

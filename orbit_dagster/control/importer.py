@@ -199,12 +199,10 @@ def import_run(settings: Settings, directory: Path, *, experiment: str | None = 
 
 
 def validate_names(experiment: str, project: str) -> None:
-    from ..core.submission import NAME_PATTERN
+    from ..core.submission import check_name
 
-    for field, value in (("experiment", experiment), ("project", project)):
-        if not re.match(NAME_PATTERN, value or ""):
-            raise _refuse(f"{field} {value[:80]!r} is not a valid name", field=field, value=value[:80],
-                          fix="letters, digits, '.', '_' and '-', starting with a letter or digit, at most 63")
+    check_name("experiment", experiment)
+    check_name("project", project)
 
 
 def _copy_checkpoints(store, found, job_id, experiment, lineage, directory, written, progress) -> list[dict]:

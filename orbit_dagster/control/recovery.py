@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from ..core.bundle import JobBundle
+from ..core.errors import OrbitError
 from ..core.lifecycle import JobState
 from ..ledger import Ledger
 from ..ledger import records as R
@@ -60,8 +61,12 @@ def after_failure(settings: Settings, outcome) -> int | None:
     change = oom_change(bundle.spec.template, bundle.spec.template.config)
     if change is None:
         return None
-    return requeue(settings, outcome.job_id, overrides=change, reason=f"out of memory: retry with {change}",
-                   failure_class="oom", expect_attempt=outcome.attempt)
+    try:
+        return requeue(settings, outcome.job_id, overrides=change, reason=f"out of memory: retry with {change}",
+                       failure_class="oom", expect_attempt=outcome.attempt)
+    except OrbitError as exc:  # the change leaves the config's allowed range: no retry, and why
+        ledger.commit({"events": [R.event("oom_retry_refused", job_id=outcome.job_id, change=change, reason=str(exc))]})
+        return None
 
 
 def recover_lost(settings: Settings, job_id: str) -> dict:

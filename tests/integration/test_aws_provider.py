@@ -322,8 +322,8 @@ def _aws_settings(orbit_home, aws_env, ami, ec2_host, monkeypatch):
 def _billed_from_launch_time(ledger, aws_env, instance_id: str) -> float:
     ec2 = _ec2_instance(aws_env, instance_id)
     assert ec2["State"]["Name"] == "terminated"
-    stop = ledger.rows("SELECT stopped_at FROM instance_stops WHERE instance_id = ?", [instance_id])[0]["stopped_at"]
-    seconds = (stop.replace(tzinfo=timezone.utc) - ec2["LaunchTime"].astimezone(timezone.utc)).total_seconds()
+    stop = ledger.scalar("SELECT stopped_at FROM instances WHERE instance_id = ?", [instance_id])
+    seconds = stop - ec2["LaunchTime"].astimezone(timezone.utc).timestamp()
     billed = ledger.scalar("SELECT sum(usd) FROM costs WHERE instance_id = ?", [instance_id])
     assert billed == pytest.approx(seconds * 0.35 / 3600, rel=0.05) and billed > 0
     return billed
