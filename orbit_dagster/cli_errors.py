@@ -28,9 +28,11 @@ _PHRASES = (
     ("read-only file system", errno.EROFS),
     ("readonly database", errno.EROFS),
     ("permission denied", errno.EACCES),
+    # SQLite in WAL mode reports a full disk as an I/O error when it cannot grow its log.
+    ("disk i/o error", errno.EIO),
 )
 
-_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 
 _FIXES = {
     errno.ENOSPC: "free space on the disk that holds it (or set ORBIT_HOME to a directory on another disk), "
@@ -38,6 +40,8 @@ _FIXES = {
     errno.EDQUOT: "free space within your disk quota (or ask for a larger one, or set ORBIT_HOME elsewhere), "
                   "then run the command again",
     errno.EROFS: "the file system is read-only: set ORBIT_HOME to a writable directory",
+    errno.EIO: "the disk refused a write (full, or failing): free space or check the disk, then run the command "
+               "again; the ledger rolled the change back",
     errno.EACCES: "give this user read and write access to it, or set ORBIT_HOME to a directory you own",
     errno.EPERM: "give this user read and write access to it, or set ORBIT_HOME to a directory you own",
     errno.ENOENT: "check the path: it does not exist",
@@ -83,9 +87,22 @@ def disk_error(exc: BaseException) -> tuple[int, str] | None:
         text = str(current).lower()
         for phrase, code in _PHRASES:
             if phrase in text:
+                if code == errno.EIO and _free_bytes(orbit_home()) < (1 << 20):
+                    code = errno.ENOSPC  # the I/O error of a disk with no space left
                 return code, str(orbit_home())
         current = current.__cause__ or current.__context__
     return None
+
+
+def _free_bytes(path: Path) -> int:
+    import shutil
+
+    for candidate in (path, *path.parents):
+        try:
+            return shutil.disk_usage(candidate).free
+        except OSError:
+            continue
+    return 1 << 62
 
 
 def os_error_line(code: int, path: str, exc: BaseException) -> str:

@@ -116,7 +116,10 @@ def fill(disk: Path) -> Path:
 
 
 def files(root: Path) -> dict[str, int]:
-    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+    """Every file and its size; SQLite's own write-ahead log and index (-wal, -shm) are transient
+    companions of the ledger that any opening process may create, not data."""
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*")
+            if p.is_file() and not p.name.endswith(("-wal", "-shm"))}
 
 
 def test_submit_and_retry_on_a_full_disk_say_so_in_one_line_and_lose_nothing(small_disk):
