@@ -30,7 +30,7 @@ def test_training_checkpoints_evaluations_and_best_are_materialised(demo_run):
         train = materialized_partitions(instance, "training_run")
         assert train[job]["outcome"] == "SUCCEEDED" and train[job]["checkpoints"] == 4
         ckpts = materialized_partitions(instance, "checkpoint")
-        assert sorted(ckpts, key=lambda k: int(k.split("/")[1])) == keys
+        assert sorted(ckpts, key=lambda k: int(k.rsplit("/", 1)[1])) == keys
         assert all(m["tier"] == "durable" and m["bytes"] > 0 and len(m["sha256"]) == 64 and "train/loss" in m
                    for m in ckpts.values())
         evals = materialized_partitions(instance, "evaluation")
