@@ -75,11 +75,17 @@ def retry(job: str, sets: tuple[str, ...], from_scratch: bool) -> None:
 @cli.command()
 @click.argument("job")
 def cancel(job: str) -> None:
-    """Cancel JOB (a queued one is never launched)."""
+    """Cancel JOB now: its workload stopped, its instance released and billed, its Dagster runs CANCELED."""
     from .control.submit import cancel as do_cancel
+    from .instance import dagster_instance
+    from .ops.runs import terminate_runs_of
 
-    do_cancel(_settings(), job)
-    click.echo(f"{job}: cancelled")
+    settings = _settings()
+    changed = do_cancel(settings, job)
+    with dagster_instance(settings) as instance:
+        stopped = terminate_runs_of(instance, job)
+    click.echo(f"{job}: {'cancelled' if changed else 'had already ended'}"
+               + (f"; {len(stopped)} Dagster run(s) terminated" if stopped else ""))
 
 
 @cli.command("import-run")
@@ -101,17 +107,19 @@ def import_run(directory: Path, experiment: str | None, name: str | None) -> Non
 
 def _register_partitions(keys: list[str]) -> None:
     """Make imported checkpoints partitions of the `checkpoint` asset (runless materialisations)."""
-    from .assets.partitions import CHECKPOINTS
-    from .assets.reporting import checkpoint_materialization
+    from .assets.partitions import add_checkpoint_partitions
+    from .assets.reporting import checkpoint_materialization, registration_checks
     from .instance import dagster_instance
 
     ledger = _settings().ledger()
     with dagster_instance(_settings()) as instance:
-        instance.add_dynamic_partitions(CHECKPOINTS, keys)
+        add_checkpoint_partitions(instance, keys)
         for key in keys:
             row = ledger.one("SELECT * FROM checkpoints WHERE checkpoint_key = ?", [key])
             if row is not None:
                 instance.report_runless_asset_event(checkpoint_materialization(row))
+                for result in registration_checks(row):
+                    instance.report_runless_asset_event(result)
 
 
 @cli.command()
@@ -188,10 +196,17 @@ def metric_set(name: str, mode: str, experiment: str | None, project: str | None
 @click.option("--by", type=click.Choice(["job", "experiment", "checkpoint"]), default="job", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def cost(by: str, as_json: bool) -> None:
-    """Cost attributed per job, experiment or checkpoint; wasted GPU-seconds are their own column."""
+    """Cost attributed per job, experiment or checkpoint; waste and overhead are their own lines; the
+    lines sum to the bill (instances still running are billed when they stop)."""
     from .ledger import queries as Q
 
-    _print_df(Q.cost_table(_settings().ledger(), by), as_json)
+    ledger = _settings().ledger()
+    df = Q.cost_table(ledger, by)
+    _print_df(df, as_json)
+    if not as_json:
+        running = ledger.scalar("SELECT count(*) FROM instances WHERE stopped_at IS NULL") or 0
+        click.echo(f"total ${float(df['usd'].sum()) if len(df) else 0.0:.6f} = billed ${Q.billed_usd(ledger):.6f}"
+                   + (f"; {running} instance(s) still running, billed when they stop" if running else ""))
 
 
 @cli.command()

@@ -1,17 +1,29 @@
-"""Asset jobs the sensors and schedules launch (one per kind of work, so runs are easy to find)."""
+"""Asset jobs the sensors and schedules launch (one per kind of work, so runs are easy to find).
+
+Each job names exactly the checks it runs: an evaluation run first re-verifies its
+checkpoint's bytes (`checkpoint_integrity`, blocking: a failure stops the evaluation before
+anything is rented) and then checks the metrics it wrote; the cost run checks that the bill
+adds up and that every live checkpoint has been evaluated.
+"""
 import dagster as dg
+
+from .assets.checks import checkpoint_integrity, every_checkpoint_evaluated, evaluation_metrics_valid
 
 # One asset per job, run in the run's own process: the multiprocess default would start a
 # second Python process (and import Dagster again) for every step.
 EXECUTOR = dg.in_process_executor
 
-# Training (and recovery) runs go ahead of queued evaluations: a recovering job is paying
-# for nothing until its new attempt runs.
-train_job = dg.define_asset_job("train_job", selection=["training_run"],
-                                tags={"orbit/kind": "train", "dagster/priority": "10"}, executor_def=EXECUTOR)
-eval_job = dg.define_asset_job("eval_job", selection=["evaluation"], tags={"orbit/kind": "eval"}, executor_def=EXECUTOR)
-best_job = dg.define_asset_job("best_job", selection=["best_checkpoint"], tags={"orbit/kind": "best"},
-                               executor_def=EXECUTOR)
+train_job = dg.define_asset_job("train_job", selection=dg.AssetSelection.assets("training_run").without_checks(),
+                                tags={"orbit/kind": "train"}, executor_def=EXECUTOR)
+eval_job = dg.define_asset_job(
+    "eval_job",
+    selection=dg.AssetSelection.assets("evaluation").without_checks()
+    | dg.AssetSelection.checks(checkpoint_integrity, evaluation_metrics_valid),
+    tags={"orbit/kind": "eval"}, executor_def=EXECUTOR)
+best_job = dg.define_asset_job("best_job", selection=dg.AssetSelection.assets("best_checkpoint"),
+                               tags={"orbit/kind": "best"}, executor_def=EXECUTOR)
 discovery_job = dg.define_asset_job("discovery_job", selection=["offer_catalog"], tags={"orbit/kind": "discovery"},
                                     executor_def=EXECUTOR)
-cost_job = dg.define_asset_job("cost_job", selection=["cost_summary"], tags={"orbit/kind": "cost"}, executor_def=EXECUTOR)
+cost_job = dg.define_asset_job("cost_job", selection=dg.AssetSelection.assets("cost_summary")
+                               | dg.AssetSelection.checks(every_checkpoint_evaluated),
+                               tags={"orbit/kind": "cost"}, executor_def=EXECUTOR)

@@ -41,6 +41,7 @@ class AttemptOutcome:
     last_step: int | None = None
     usd: float = 0.0
     reattached: bool = False
+    already_ended: bool = False  # the attempt had ended before this call: nothing was launched or followed
 
 
 class AttemptMonitor:
@@ -181,7 +182,7 @@ def run_attempt(settings: Settings, job_id: str, *, dagster_run_id: str | None =
         if existing["state"] in FINAL_RUN_STATES:
             return AttemptOutcome(job_id, attempt, run_id, existing["state"], existing["failure_class"],
                                   existing["reason"] or "", existing["exit_code"], existing["instance_id"],
-                                  reattached=True)
+                                  reattached=True, already_ended=True)
         _, provider = bundle_and_provider(settings, ledger, job_id, attempt)
         handle = provider.reattach(RunHandle.model_validate_json(existing["handle"]))
         reattached = True

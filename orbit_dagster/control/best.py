@@ -96,7 +96,8 @@ def compute_best(settings: Settings, experiment: str, *, lineage: str = "current
         "experiment": experiment, "checkpoint_key": choice.checkpoint_key,
         "metric_name": pm.name if choice.source == "eval" else training_counterpart(pm.name),
         "metric_mode": pm.mode, "metric_value": choice.value, "metric_source": choice.source,
-        "resolved_from": pm.resolved_from, "candidates": choice.candidates, "evaluations": n_evals,
+        "primary_metric": pm.name, "resolved_from": pm.resolved_from, "candidates": choice.candidates,
+        "evaluations": n_evals,
         "lineage_scope": lineage, "lineage": lineage_chain(ledger, choice.checkpoint_key),
     }
 

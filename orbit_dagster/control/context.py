@@ -23,7 +23,7 @@ def store_for(settings: Settings, ledger: Ledger, job_id: str, attempt: int) -> 
 def eval_suite_for(settings: Settings, ledger: Ledger, job_id: str, attempt: int) -> str | None:  # noqa: ARG001
     """The evaluation suite new checkpoints of this job are queued for (None: not evaluable)."""
     template = bundle_of(ledger, job_id, attempt).spec.template
-    return template.eval.suite if template.eval else None
+    return template.eval.suite_id if template.eval else None
 
 
 def bundle_and_provider(settings: Settings, ledger: Ledger, job_id: str, attempt: int) -> tuple[JobBundle, Provider]:

@@ -45,8 +45,9 @@ class EvalClaim:
 
 
 def claim(ledger: Ledger, checkpoint_key: str, suite: str, *, dagster_run_id: str | None) -> EvalClaim:
-    """Take (checkpoint, suite) for this run: PENDING/FAILED -> RUNNING. A SUCCEEDED result, or
-    a claim another run holds, is returned in `already` instead (nothing is rented)."""
+    """Take (checkpoint, suite) for this run: PENDING/BACKFILL/FAILED/CANCELLED -> RUNNING. A
+    SUCCEEDED result, or a claim another run holds, is returned in `already` instead (nothing
+    is rented)."""
     with ledger.write() as tx:
         ckpt = tx.one("SELECT * FROM checkpoints WHERE checkpoint_key = ?", [checkpoint_key])
         if ckpt is None:
@@ -125,7 +126,7 @@ def evaluate_checkpoint(settings: Settings, checkpoint_key: str, *, suite: str |
     template = bundle.spec.template
     if template.eval is None:
         raise OrbitError(f"template {template.name} defines no evaluation", field="eval", fix="add an eval: section")
-    suite = suite or template.eval.suite
+    suite = suite or template.eval.suite_id
     c = claim(ledger, checkpoint_key, suite, dagster_run_id=dagster_run_id)
     if c.already is not None:
         return {"checkpoint_key": checkpoint_key, "suite": suite, "state": c.already["state"],
@@ -135,10 +136,21 @@ def evaluate_checkpoint(settings: Settings, checkpoint_key: str, *, suite: str |
         result = _run_on_instances(settings, ledger, bundle, c, dagster_run_id=dagster_run_id, reporter=reporter,
                                    poll_s=poll_s)
     except BaseException as exc:
+        if not isinstance(exc, Exception):  # the run was terminated: a person's cancel, not a failure to retry
+            cancel_claim(ledger, checkpoint_key, suite, reason=f"its run {dagster_run_id} was terminated")
+            raise
         reason = str(exc) if isinstance(exc, OrbitError) else f"{type(exc).__name__}: {exc}"
         give_back(ledger, checkpoint_key, suite, tries=c.tries, reason=reason, dagster_run_id=dagster_run_id)
         raise
     return result
+
+
+def cancel_claim(ledger: Ledger, checkpoint_key: str, suite: str, *, reason: str) -> None:
+    """RUNNING -> CANCELLED: not requested again (a person stopped it); its instance was released."""
+    with ledger.write() as tx:
+        tx.execute("""UPDATE evaluations SET state = 'CANCELLED', reason = ?, finished_at = ?
+                      WHERE checkpoint_key = ? AND suite = ? AND state = 'RUNNING'""",
+                   [reason, utcnow(), checkpoint_key, suite])
 
 
 def _run_on_instances(settings: Settings, ledger: Ledger, bundle: JobBundle, c: EvalClaim, *,
@@ -151,7 +163,7 @@ def _run_on_instances(settings: Settings, ledger: Ledger, bundle: JobBundle, c: 
         ranked, _ = rank_for(ledger, provider, bundle.spec.execution_request, job_id=ckpt["job_id"], attempt=0,
                              notice_s=provider.notice_seconds, template=template.name, avoid=reclaimed)
         instance, _ = provision_first(provider, ranked, ckpt["job_id"], 0)
-        t0, metrics, status, good = time.time(), None, None, False
+        t0, metrics, status, good, usd = time.time(), None, None, False, 0.0
         try:
             ledger.commit({"instances": [instance_row(instance, "eval", ckpt["job_id"], None, key, suite=suite,
                                                       dagster_run_id=dagster_run_id)]})
@@ -166,14 +178,14 @@ def _run_on_instances(settings: Settings, ledger: Ledger, bundle: JobBundle, c: 
                 metrics, good = valid_metrics(metrics), True
         finally:
             extra = _result_rows(ckpt, suite, metrics) if good else {}
-            release(settings, ledger, provider, instance, job_id=ckpt["job_id"], run_id=None, attempt=0,
+            usd = release(settings, ledger, provider, instance, job_id=ckpt["job_id"], run_id=None, attempt=0,
                     checkpoints=[], lost=False, last_progress=None, reason="evaluation ended", purpose="eval",
                     eval_checkpoint=key, suite=suite, extra=extra)
         if status.state == "exited" and status.exit_code == 0:
             _finish(ledger, key, suite, metrics, instance, dagster_run_id, time.time() - t0)
             reporter.log(f"evaluated {key} ({suite}): {metrics}")
             return {"checkpoint_key": key, "suite": suite, "metrics": metrics, "seconds": time.time() - t0,
-                    "instance_id": instance.instance_id, "state": "SUCCEEDED", "already": False}
+                    "instance_id": instance.instance_id, "state": "SUCCEEDED", "already": False, "usd": usd}
         last_error = status.reason or f"exit code {status.exit_code}"
         if status.state != "lost" and status.failure_class not in ("reclaim", "infrastructure"):
             break
@@ -222,8 +234,8 @@ def _finish(ledger: Ledger, key: str, suite: str, metrics: dict, instance: Insta
 def pending_evaluations(ledger: Ledger, limit: int) -> list[dict]:
     """Evaluations waiting for a run, oldest first (their checkpoints still live)."""
     return ledger.rows(
-        """SELECT e.checkpoint_key, e.suite, e.job_id, e.tries FROM evaluations e
-           JOIN checkpoints c ON c.checkpoint_key = e.checkpoint_key
+        """SELECT e.checkpoint_key, e.suite, e.job_id, e.tries, j.placement FROM evaluations e
+           JOIN checkpoints c ON c.checkpoint_key = e.checkpoint_key JOIN jobs j ON j.job_id = e.job_id
            WHERE e.state = 'PENDING' AND c.deleted_at IS NULL ORDER BY e.requested_at LIMIT ?""", [limit])
 
 
@@ -232,31 +244,45 @@ def eval_run_key(checkpoint_key: str, suite: str, tries: int) -> str:
     return f"eval:{checkpoint_key}:{suite}:try-{int(tries) + 1}"
 
 
-def reconcile_evaluations(settings: Settings, run_alive: Callable[[str | None], bool]) -> list[str]:
-    """Give back claims whose run is gone or past the timeout; skip deleted checkpoints."""
-    ledger = settings.ledger()
-    done = []
+def stale_evaluations(settings: Settings, run_alive: Callable[[str | None], bool]) -> list[dict]:
+    """Claims whose run is gone or past the timeout, each with why (reads only)."""
     now = time.time()
-    for row in ledger.rows("""SELECT e.checkpoint_key, e.suite, e.tries, e.dagster_run_id, e.started_at
-                              FROM evaluations e WHERE e.state = 'RUNNING'"""):
+    out = []
+    for row in settings.ledger().rows("""SELECT e.checkpoint_key, e.suite, e.job_id, e.tries, e.dagster_run_id,
+                                                e.started_at FROM evaluations e WHERE e.state = 'RUNNING'"""):
         late = row["started_at"] is not None and now - float(row["started_at"]) > eval_timeout_s() + 60
-        if not late and run_alive(row["dagster_run_id"]):
-            continue
-        for inst in ledger.rows("""SELECT handle, job_id FROM instances WHERE purpose = 'eval' AND checkpoint_key = ?
-                                   AND suite = ? AND stopped_at IS NULL""", [row["checkpoint_key"], row["suite"]]):
-            instance = InstanceHandle.model_validate_json(inst["handle"])
-            release(settings, ledger, _provider_of_job(settings, ledger, inst["job_id"]), instance, job_id=inst["job_id"],
-                    run_id=None, attempt=0, checkpoints=[], lost=False, last_progress=None,
-                    reason="evaluation abandoned", purpose="eval", eval_checkpoint=row["checkpoint_key"],
-                    suite=row["suite"])
-        why = "timed out" if late else "its run ended without finishing it"
-        give_back(ledger, row["checkpoint_key"], row["suite"], tries=int(row["tries"] or 1),
-                  reason=f"evaluation {why}", dagster_run_id=row["dagster_run_id"])
-        done.append(f"{row['checkpoint_key']} ({row['suite']}): {why}")
-    with ledger.write() as tx:
-        tx.execute("""UPDATE evaluations SET state = 'SKIPPED', reason = 'the checkpoint was deleted', finished_at = ?
-                      WHERE state = 'PENDING' AND checkpoint_key IN
-                      (SELECT checkpoint_key FROM checkpoints WHERE deleted_at IS NOT NULL)""", [utcnow()])
+        if late or not run_alive(row["dagster_run_id"]):
+            out.append({**row, "why": "timed out" if late else "its run ended without finishing it"})
+    return out
+
+
+def abandon_evaluation(settings: Settings, row: dict) -> str:
+    """Release what the claim rented and give it back (PENDING again, or FAILED after MAX_EVAL_RUNS)."""
+    ledger = settings.ledger()
+    for inst in ledger.rows("""SELECT handle, job_id FROM instances WHERE purpose = 'eval' AND checkpoint_key = ?
+                               AND suite = ? AND stopped_at IS NULL""", [row["checkpoint_key"], row["suite"]]):
+        instance = InstanceHandle.model_validate_json(inst["handle"])
+        release(settings, ledger, _provider_of_job(settings, ledger, inst["job_id"]), instance, job_id=inst["job_id"],
+                run_id=None, attempt=0, checkpoints=[], lost=False, last_progress=None,
+                reason="evaluation abandoned", purpose="eval", eval_checkpoint=row["checkpoint_key"],
+                suite=row["suite"])
+    state = give_back(ledger, row["checkpoint_key"], row["suite"], tries=int(row["tries"] or 1),
+                      reason=f"evaluation {row['why']}", dagster_run_id=row["dagster_run_id"])
+    return f"{row['checkpoint_key']} ({row['suite']}): {row['why']}; now {state}"
+
+
+def skip_deleted(settings: Settings) -> int:
+    """Pending evaluations of checkpoints deleted meanwhile are SKIPPED, never rented for."""
+    with settings.ledger().write() as tx:
+        return tx.execute("""UPDATE evaluations SET state = 'SKIPPED', reason = 'the checkpoint was deleted',
+                             finished_at = ? WHERE state = 'PENDING' AND checkpoint_key IN
+                             (SELECT checkpoint_key FROM checkpoints WHERE deleted_at IS NOT NULL)""", [utcnow()])
+
+
+def reconcile_evaluations(settings: Settings, run_alive: Callable[[str | None], bool]) -> list[str]:
+    """Give back stale claims and skip deleted checkpoints at once (the CLI's and tests' door)."""
+    done = [abandon_evaluation(settings, row) for row in stale_evaluations(settings, run_alive)]
+    skip_deleted(settings)
     return done
 
 

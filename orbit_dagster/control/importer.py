@@ -249,7 +249,7 @@ def _register(ledger, job_id, experiment, project, lineage, template, bundle: Jo
                                    "path": str(bundle.path), "template_id": bundle.spec.template.template_id,
                                    "provenance": R.dumps(bundle.spec.provenance), "created_at": now}])
             if template.eval:
-                tx.insert("evaluations", [{"checkpoint_key": r["checkpoint_key"], "suite": template.eval.suite,
+                tx.insert("evaluations", [{"checkpoint_key": r["checkpoint_key"], "suite": template.eval.suite_id,
                                            "job_id": job_id, "experiment": experiment, "state": "PENDING", "tries": 0,
                                            "requested_at": now} for r in rows])
         tx.insert("events", [R.event("imported", job_id=job_id, source=str(directory), checkpoints=len(rows))])

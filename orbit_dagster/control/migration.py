@@ -52,8 +52,9 @@ def risk_history(ledger: Ledger, offer: Offer, now: datetime, window_s: float, w
     return out
 
 
-def consider_migrations(settings: Settings, *, now: datetime | None = None, window_s: float | None = None) -> list[dict]:
-    """Decide for every running attempt; carry out the moves the policy asks for."""
+def plan_migrations(settings: Settings, *, now: datetime | None = None, window_s: float | None = None) -> list[dict]:
+    """Decide for every running attempt (the decision row is recorded either way); the moves
+    the policy asks for, each {job_id, attempt, run_id, instance_id, from, to, target, reason}."""
     ledger = settings.ledger()
     now = now or datetime.now(timezone.utc)
     window_s = window_s or settings.migration_window_s
@@ -89,9 +90,28 @@ def consider_migrations(settings: Settings, *, now: datetime | None = None, wind
             "runner_up": current.offer_id if decision.migrate else target.offer_id,
             "inputs": R.dumps(decision.as_record()), "ts": utcnow()}]})
         if decision.migrate:
-            moves.append(migrate(settings, ledger, provider, handle, job_id=job_id, attempt=attempt, target=target,
-                                 reason=decision.reason))
+            moves.append({"job_id": job_id, "attempt": attempt, "run_id": row["run_id"],
+                          "instance_id": handle.instance.instance_id, "provider": provider.name,
+                          "from": current.offer_id, "to": target.offer_id, "target": target.model_dump_json(),
+                          "reason": decision.reason})
     return moves
+
+
+def carry_out(settings: Settings, move: dict) -> dict:
+    """Make one planned move (what the migration run does); nothing when the attempt has moved on."""
+    ledger = settings.ledger()
+    run = R.run(ledger, move["run_id"])
+    if run is None or run["state"] != "RUNNING" or ledger.scalar(
+            "SELECT count(*) FROM events WHERE run_id = ? AND kind = 'migration_started'", [move["run_id"]]):
+        return {**move, "replacement": None, "skipped": "the attempt is no longer running there"}
+    _, provider = bundle_and_provider(settings, ledger, move["job_id"], int(move["attempt"]))
+    return migrate(settings, ledger, provider, RunHandle.model_validate_json(run["handle"]), job_id=move["job_id"],
+                   attempt=int(move["attempt"]), target=Offer.model_validate_json(move["target"]), reason=move["reason"])
+
+
+def consider_migrations(settings: Settings, *, now: datetime | None = None, window_s: float | None = None) -> list[dict]:
+    """Plan and carry out at once (the CLI's and the tests' door; the daemon moves through runs)."""
+    return [carry_out(settings, m) for m in plan_migrations(settings, now=now, window_s=window_s)]
 
 
 def migrate(settings: Settings, ledger: Ledger, provider, handle: RunHandle, *, job_id: str, attempt: int,

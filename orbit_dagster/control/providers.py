@@ -1,7 +1,9 @@
 """Provider registry: `backend_key = f"{placement}_{launch_mode}"` -> a provider instance."""
 from __future__ import annotations
 
-from typing import Callable
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator
 
 from ..core.errors import OrbitError
 from ..providers.base import Provider
@@ -22,7 +24,7 @@ def _ssh(settings: Settings) -> Provider:
     return SshProvider(settings.ssh_hosts, state_dir=settings.home / "ssh")
 
 
-def _aws(settings: Settings) -> Provider:
+def _aws(settings: Settings, session: Any = None) -> Provider:
     # Credentials: boto3's standard chain only (environment, profile, instance role); none
     # are read, stored or logged here. Everything else comes from ORBIT_AWS_* (settings.py).
     from ..catalog.aws import parse_spot_price_history
@@ -40,7 +42,8 @@ def _aws(settings: Settings) -> Provider:
                            key_name=s.aws_key_name, instance_profile=s.aws_instance_profile, ssh_user=s.aws_ssh_user,
                            address=s.aws_address, ssh_endpoint=s.aws_ssh_endpoint, python=s.aws_python,
                            workdir=s.aws_workdir, metadata_url=s.aws_metadata_url,
-                           boot_timeout_s=s.aws_boot_timeout_s, terminate_grace_s=s.aws_terminate_grace_s)
+                           boot_timeout_s=s.aws_boot_timeout_s, terminate_grace_s=s.aws_terminate_grace_s,
+                           session=session)
 
 
 REGISTRY: dict[str, Callable[[Settings], Provider]] = {
@@ -51,11 +54,29 @@ REGISTRY: dict[str, Callable[[Settings], Provider]] = {
 }
 
 
+# The GPU-rental resources of the Dagster run or sensor being evaluated (resources/rentals.py)
+# replace the default factories for as long as it runs: the control plane below them asks
+# for a provider by backend key and gets the one the resource configured.
+_ACTIVE: ContextVar[dict[str, Callable[[Settings], Provider]]] = ContextVar("orbit_provider_factories", default={})
+
+
+@contextmanager
+def using(factories: dict[str, Callable[[Settings], Provider]]) -> Iterator[None]:
+    token = _ACTIVE.set({**_ACTIVE.get(), **factories})
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
 def register(backend_key: str, factory: Callable[[Settings], Provider]) -> None:
     REGISTRY[backend_key] = factory
 
 
 def provider_for(settings: Settings, backend_key: str) -> Provider:
+    active = _ACTIVE.get()
+    if backend_key in active:
+        return active[backend_key](settings)
     if backend_key not in REGISTRY:
         raise OrbitError(
             f"no provider for backend {backend_key!r}",

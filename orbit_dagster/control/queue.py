@@ -8,7 +8,8 @@ from .settings import Settings
 
 
 def queued_jobs(ledger: Ledger) -> list[dict]:
-    return ledger.rows("SELECT job_id, attempt, experiment FROM jobs WHERE state = 'QUEUED' ORDER BY state_at, job_id")
+    return ledger.rows("SELECT job_id, attempt, experiment, placement FROM jobs WHERE state = 'QUEUED' "
+                       "ORDER BY state_at, job_id")
 
 
 def fail_undispatched(settings: Settings, job_id: str, attempt: int, *, runs: int) -> bool:

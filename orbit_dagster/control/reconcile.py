@@ -5,11 +5,16 @@
 | job DISPATCHING       | the run that won QUEUED -> DISPATCHING  | no live run follows it, or past `deadline_at`: what it rented is released, the attempt ends LOST (infrastructure) and is retried |
 | job RUNNING           | the run following the attempt           | no live run: re-attach (host alive) or LOST and billed (host gone) |
 | job CANCELLED, run still RUNNING | the run following it         | no live run: the workload is stopped and billed |
-| job LOST              | this pass                               | requeued (next attempt) or FAILED past `max_interruptions` |
+| job LOST              | the run that closed the attempt         | requeued (next attempt) or FAILED past `max_interruptions` |
+| instance metered, attempt ended | the run that ended it         | stopped and billed |
 | evaluation RUNNING    | its evaluation run                      | see `evaluate.reconcile_evaluations` |
 
-Notices are recorded as soon as a provider publishes them. Every write is an idempotent
-compare-and-set, so this pass and the runs it watches can race without harm.
+`decide()` only reads (and records notices as soon as a provider publishes them); every
+decision that rents, releases or requeues is a `Decision` the Dagster sensor turns into a
+run that carries it out (`act()`), so each has a run record with its tags. `reconcile()`
+decides and acts in one go, for the CLI and for tests without Dagster. Every write is an
+idempotent compare-and-set, so two deciders, or a decider and the run it watches, race
+without harm.
 """
 from __future__ import annotations
 
@@ -21,39 +26,67 @@ from ..core.lifecycle import JobState
 from ..ledger import Ledger
 from ..ledger import records as R
 from ..providers.base import InstanceHandle, RunHandle
-from .billing import close_lost_attempt, release, stop_cancelled
+from .billing import attempt_checkpoints, close_lost_attempt, release, stop_cancelled
 from .context import bundle_and_provider
-from .providers import provider_for
 from .recovery import recover_lost
 from .settings import Settings
 
 Followed = Callable[[str, int], bool]
+LOST_GRACE_S = 15.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # reattach | close_lost | stop_cancelled | abandon_dispatch | release_orphan | recover
+    job_id: str
+    attempt: int
+    reason: str = ""
+    run_id: str | None = None
+    instance_id: str | None = None
+    provider: str | None = None
+    offer_id: str | None = None
+    failure_class: str | None = None
+
+    @property
+    def key(self) -> str:
+        """One run per decision, whoever decides it how often."""
+        return f"{self.action}:{self.instance_id or self.run_id or self.job_id}:attempt-{self.attempt}"
+
+    def tags(self) -> dict[str, str]:
+        tags = {"orbit/job": self.job_id, "orbit/attempt": str(self.attempt), "orbit/action": self.action,
+                "orbit/kind": "rental"}
+        for k, v in (("orbit/provider", self.provider), ("orbit/offer", self.offer_id),
+                     ("orbit/instance", self.instance_id), ("orbit/failure_class", self.failure_class)):
+            if v:
+                tags[k] = v
+        return tags
+
+    def line(self) -> str:
+        return f"{self.job_id} attempt {self.attempt}: {self.action}" + (f" ({self.reason})" if self.reason else "")
 
 
 @dataclass
 class ReconcileReport:
     notices: list[dict] = field(default_factory=list)
-    lost: list[str] = field(default_factory=list)
-    reattach: list[dict] = field(default_factory=list)
-    recovered: list[dict] = field(default_factory=list)
-    abandoned: list[str] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)
 
     @property
     def actions(self) -> int:
-        return len(self.notices) + len(self.lost) + len(self.reattach) + len(self.recovered) + len(self.abandoned)
+        return len(self.notices) + len(self.decisions)
+
+    @property
+    def reattach(self) -> list[Decision]:
+        return [d for d in self.decisions if d.action == "reattach"]
 
     def lines(self) -> list[str]:
         out = [f"notice for {n['job_id']} on {n['instance_id']}, deadline {n['deadline']}" for n in self.notices]
-        out += [f"{j}: host gone while no run followed it, marked LOST" for j in self.lost]
-        out += [f"{r['job_id']} attempt {r['attempt']}: no run follows it, re-attaching" for r in self.reattach]
-        out += [f"{j}: dispatch abandoned (its run is gone or past its deadline), attempt ended" for j in self.abandoned]
-        out += [f"{r['job_id']}: {r['action']} {r.get('attempt', '')} {r.get('reason', '')}".strip() for r in self.recovered]
-        return out
+        return out + [d.line() for d in self.decisions]
 
 
 def active_attempts(ledger: Ledger) -> list[dict]:
     return ledger.rows(
-        """SELECT j.job_id, j.attempt, r.run_id, r.handle, r.instance_id FROM runs r
+        """SELECT j.job_id, j.attempt, r.run_id, r.handle, r.instance_id, r.provider, r.offer_id FROM runs r
            JOIN jobs j ON j.job_id = r.job_id AND j.attempt = r.attempt
            WHERE r.state = 'RUNNING' AND j.state = 'RUNNING'""")
 
@@ -61,7 +94,7 @@ def active_attempts(ledger: Ledger) -> list[dict]:
 def cancelled_but_running(ledger: Ledger) -> list[dict]:
     """Attempts of cancelled jobs whose workload was never stopped (no run followed it)."""
     return ledger.rows(
-        """SELECT j.job_id, r.attempt, r.run_id, r.handle FROM runs r
+        """SELECT j.job_id, r.attempt, r.run_id, r.handle, r.instance_id, r.provider, r.offer_id FROM runs r
            JOIN jobs j ON j.job_id = r.job_id AND j.attempt = r.attempt
            WHERE r.state = 'RUNNING' AND j.state = 'CANCELLED'""")
 
@@ -84,78 +117,97 @@ def record_notices(settings: Settings, ledger: Ledger, attempts: list[dict], rep
                                    "deadline": notice.deadline})
 
 
-def abandon_dispatch(settings: Settings, ledger: Ledger, followed: Followed, report: ReconcileReport) -> None:
-    """DISPATCHING whose run is gone or late: release what it rented, end the attempt."""
-    now = time.time()
-    for job in ledger.rows("SELECT job_id, attempt, deadline_at FROM jobs WHERE state = 'DISPATCHING'"):
-        job_id, attempt = job["job_id"], int(job["attempt"])
-        late = job["deadline_at"] is not None and now > float(job["deadline_at"])
-        if not late and followed(job_id, attempt):
-            continue
-        run_id = R.run_id_for(job_id, attempt)
-        for inst in ledger.rows("SELECT handle FROM instances WHERE run_id = ? AND stopped_at IS NULL", [run_id]):
-            instance = InstanceHandle.model_validate_json(inst["handle"])
-            _, provider = bundle_and_provider(settings, ledger, job_id, attempt)
-            release(settings, ledger, provider, instance, job_id=job_id, run_id=run_id, attempt=attempt,
-                    checkpoints=[], lost=False, last_progress=None, reason="dispatch abandoned")
-        why = "past its dispatch deadline" if late else "the run dispatching it is gone"
-        if R.transition(ledger, job_id, JobState.LOST, attempt=attempt, reason=f"dispatch abandoned: {why}",
-                        failure_class="infrastructure", only_from={JobState.DISPATCHING},
-                        extra={"events": [R.event("dispatch_abandoned", job_id=job_id, run_id=run_id, reason=why)]}):
-            report.abandoned.append(job_id)
+def _decision(action: str, row: dict, reason: str = "", failure_class: str | None = None) -> Decision:
+    return Decision(action, row["job_id"], int(row["attempt"]), reason, row.get("run_id"), row.get("instance_id"),
+                    row.get("provider"), row.get("offer_id"), failure_class)
 
 
-def release_orphans(settings: Settings, ledger: Ledger) -> int:
-    """Training instances still metered although their attempt has ended (a run that died
-    between the end of its workload and its bill): stop and bill them."""
-    rows = ledger.rows(
-        """SELECT i.instance_id, i.handle, i.job_id, i.run_id, r.attempt FROM instances i
-           JOIN runs r ON r.run_id = i.run_id AND r.instance_id = i.instance_id
-           WHERE i.stopped_at IS NULL AND i.purpose = 'train' AND r.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')""")
-    for row in rows:
-        instance = InstanceHandle.model_validate_json(row["handle"])
-        release(settings, ledger, provider_for(settings, _backend(settings, ledger, row)), instance,
-                job_id=row["job_id"], run_id=row["run_id"], attempt=int(row["attempt"]),
-                checkpoints=[], lost=False, last_progress=None, reason="attempt already ended")
-    return len(rows)
-
-
-def _backend(settings: Settings, ledger: Ledger, row: dict) -> str:
-    bundle, _ = bundle_and_provider(settings, ledger, row["job_id"], int(row["attempt"]))
-    return bundle.spec.execution_request.backend_key
-
-
-def reconcile(settings: Settings, followed: Followed = lambda job_id, attempt: True) -> ReconcileReport:
-    """`followed(job_id, attempt)` says whether a live run follows (or dispatches) that attempt."""
+def decide(settings: Settings, followed: Followed = lambda job_id, attempt: True) -> ReconcileReport:
+    """What needs doing; `followed(job_id, attempt)` says whether a live run follows (or
+    dispatches) that attempt."""
     ledger = settings.ledger()
     report = ReconcileReport()
     attempts = active_attempts(ledger)
     record_notices(settings, ledger, attempts, report)
     for row in attempts:
-        job_id, attempt = row["job_id"], int(row["attempt"])
-        if followed(job_id, attempt):
-            continue
-        handle = RunHandle.model_validate_json(row["handle"])
-        _, provider = bundle_and_provider(settings, ledger, job_id, attempt)
-        status = provider.status(handle)
-        if status.state == "lost":
-            if close_lost_attempt(settings, ledger, provider, handle, job_id=job_id, attempt=attempt,
-                                  run_id=row["run_id"], reason=status.reason or "host lost"):
-                report.lost.append(job_id)
-        else:
-            report.reattach.append({"job_id": job_id, "attempt": attempt})
-    for row in cancelled_but_running(ledger):
         if followed(row["job_id"], int(row["attempt"])):
-            continue  # the run following it stops it
-        handle = RunHandle.model_validate_json(row["handle"])
+            continue
         _, provider = bundle_and_provider(settings, ledger, row["job_id"], int(row["attempt"]))
-        stop_cancelled(settings, ledger, provider, handle, job_id=row["job_id"], attempt=int(row["attempt"]),
-                       run_id=row["run_id"])
-        report.lost.append(f"{row['job_id']} (cancelled: workload stopped)")
-    abandon_dispatch(settings, ledger, followed, report)
-    release_orphans(settings, ledger)
-    for row in ledger.rows("SELECT job_id FROM jobs WHERE state = 'LOST'"):
-        result = recover_lost(settings, row["job_id"])
-        if result["action"] != "none":
-            report.recovered.append(result)
+        status = provider.status(RunHandle.model_validate_json(row["handle"]))
+        if status.state == "lost":
+            report.decisions.append(_decision("close_lost", row, status.reason or "host lost", "reclaim"))
+        else:
+            report.decisions.append(_decision("reattach", row, "no run follows it"))
+    for row in cancelled_but_running(ledger):
+        if not followed(row["job_id"], int(row["attempt"])):  # else the run following it stops it
+            report.decisions.append(_decision("stop_cancelled", row, "cancelled while no run followed it"))
+    now = time.time()
+    for job in ledger.rows("SELECT job_id, attempt, deadline_at FROM jobs WHERE state = 'DISPATCHING'"):
+        late = job["deadline_at"] is not None and now > float(job["deadline_at"])
+        if late or not followed(job["job_id"], int(job["attempt"])):
+            why = "past its dispatch deadline" if late else "the run dispatching it is gone"
+            report.decisions.append(_decision("abandon_dispatch", {**job, "run_id": R.run_id_for(job["job_id"],
+                                                                                                 int(job["attempt"]))},
+                                              why, "infrastructure"))
+    for row in ledger.rows(
+            """SELECT i.instance_id, i.provider, i.offer_id, i.job_id, i.run_id, r.attempt FROM instances i
+               JOIN runs r ON r.run_id = i.run_id AND r.instance_id = i.instance_id
+               WHERE i.stopped_at IS NULL AND i.purpose = 'train' AND r.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"""):
+        report.decisions.append(_decision("release_orphan", row, "its attempt has ended"))
+    # A LOST attempt is requeued by the run that closed it; one still LOST a while later (that
+    # run died first) is requeued here.
+    for row in ledger.rows("SELECT job_id, attempt, failure_class FROM jobs WHERE state = 'LOST' AND state_at < ?",
+                           [now - LOST_GRACE_S]):
+        report.decisions.append(_decision("recover", row, "still LOST", row["failure_class"]))
+    return report
+
+
+def act(settings: Settings, d: Decision) -> str:
+    """Carry out one decision (idempotent: a second run of the same decision changes nothing)."""
+    ledger = settings.ledger()
+    if d.action == "close_lost":
+        row = R.run(ledger, d.run_id)
+        _, provider = bundle_and_provider(settings, ledger, d.job_id, d.attempt)
+        handle = RunHandle.model_validate_json(row["handle"])
+        closed = close_lost_attempt(settings, ledger, provider, handle, job_id=d.job_id, attempt=d.attempt,
+                                    run_id=d.run_id, reason=d.reason or "host lost")
+        result = recover_lost(settings, d.job_id)
+        return f"closed {d.run_id} ({'marked LOST' if closed else 'already closed'}), then {result['action']}"
+    if d.action == "stop_cancelled":
+        row = R.run(ledger, d.run_id)
+        _, provider = bundle_and_provider(settings, ledger, d.job_id, d.attempt)
+        stop_cancelled(settings, ledger, provider, RunHandle.model_validate_json(row["handle"]), job_id=d.job_id,
+                       attempt=d.attempt, run_id=d.run_id)
+        return f"stopped and billed {d.instance_id}"
+    if d.action == "abandon_dispatch":
+        _, provider = bundle_and_provider(settings, ledger, d.job_id, d.attempt)
+        for inst in ledger.rows("SELECT handle FROM instances WHERE run_id = ? AND stopped_at IS NULL", [d.run_id]):
+            release(settings, ledger, provider, InstanceHandle.model_validate_json(inst["handle"]), job_id=d.job_id,
+                    run_id=d.run_id, attempt=d.attempt, checkpoints=[], lost=False, last_progress=None,
+                    reason="dispatch abandoned")
+        moved = R.transition(ledger, d.job_id, JobState.LOST, attempt=d.attempt, reason=f"dispatch abandoned: {d.reason}",
+                             failure_class="infrastructure", only_from={JobState.DISPATCHING},
+                             extra={"events": [R.event("dispatch_abandoned", job_id=d.job_id, run_id=d.run_id,
+                                                       reason=d.reason)]})
+        result = recover_lost(settings, d.job_id) if moved else {"action": "none"}
+        return f"dispatch abandoned ({'LOST, ' + result['action'] if moved else 'it had moved on'})"
+    if d.action == "release_orphan":
+        inst = ledger.one("SELECT handle FROM instances WHERE instance_id = ?", [d.instance_id])
+        _, provider = bundle_and_provider(settings, ledger, d.job_id, d.attempt)
+        release(settings, ledger, provider, InstanceHandle.model_validate_json(inst["handle"]), job_id=d.job_id,
+                run_id=d.run_id, attempt=d.attempt, checkpoints=attempt_checkpoints(ledger, d.run_id), lost=False,
+                last_progress=None, reason="attempt already ended")
+        return f"released {d.instance_id}"
+    if d.action == "recover":
+        result = recover_lost(settings, d.job_id)
+        return f"{result['action']} {result.get('attempt', '')} {result.get('reason', '')}".strip()
+    raise ValueError(f"unknown reconcile action {d.action!r}")
+
+
+def reconcile(settings: Settings, followed: Followed = lambda job_id, attempt: True) -> ReconcileReport:
+    """Decide and act at once (the CLI's and the tests' door; the daemon acts through runs)."""
+    report = decide(settings, followed)
+    for d in report.decisions:
+        if d.action != "reattach":
+            report.done.append(f"{d.line()}: {act(settings, d)}")
     return report

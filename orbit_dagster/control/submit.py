@@ -115,10 +115,21 @@ def retry(settings: Settings, job_id: str, overrides: dict[str, Any] | None = No
 
 
 def cancel(settings: Settings, job_id: str, *, reason: str = "cancelled by a person") -> bool:
-    """Cancel the job's current attempt; the run that follows it (or the reconciler) stops the
-    workload and bills the instance to the second. False if it had already ended."""
+    """Cancel the job's current attempt and stop what it rents now: the workload is stopped, the
+    instance released and billed to the second. False if the job had already ended."""
+    from .billing import stop_cancelled
+    from .context import bundle_and_provider
+    from ..providers.base import RunHandle
+
     ledger = settings.ledger()
     row = R.require_job(ledger, job_id)
+    attempt = int(row["attempt"])
     if JobState(row["state"]) in TERMINAL:
         return False
-    return R.transition(ledger, job_id, JobState.CANCELLED, attempt=int(row["attempt"]), reason=reason)
+    changed = R.transition(ledger, job_id, JobState.CANCELLED, attempt=attempt, reason=reason)
+    run = R.run(ledger, R.run_id_for(job_id, attempt))
+    if run is not None and run["state"] == "RUNNING" and run["handle"]:
+        _, provider = bundle_and_provider(settings, ledger, job_id, attempt)
+        stop_cancelled(settings, ledger, provider, RunHandle.model_validate_json(run["handle"]), job_id=job_id,
+                       attempt=attempt, run_id=run["run_id"])
+    return changed

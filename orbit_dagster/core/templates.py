@@ -57,7 +57,14 @@ class EvalSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     entrypoint: FileName = "eval.py"
-    suite: str = Field("heldout", min_length=1, max_length=64)
+    suite: str = Field("heldout", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    version: int = Field(1, ge=1, le=10_000, description="raise it when the suite changes: every live checkpoint "
+                                                          "is then evaluated again (the backfill)")
+
+    @property
+    def suite_id(self) -> str:
+        """`heldout@v1`: evaluation results are per suite version."""
+        return f"{self.suite}@v{self.version}"
 
 
 class OOMRetry(BaseModel):

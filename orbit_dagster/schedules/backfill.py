@@ -1,26 +1,42 @@
-"""Evaluation backfill: every (checkpoint, suite) still waiting for its evaluation gets a run.
+"""Evaluation backfill, every six hours: one Dagster backfill per suite, of exactly the pairs missing.
 
-The evaluation sensor handles new checkpoints as they come; this schedule sweeps up the
-rest (evaluations that gave up while a provider was down and were given back). Its run keys
-are the sensor's (`eval:<checkpoint>:<suite>:try-<n>`), and the ledger's claim lets only one
-run evaluate a pair at a time.
+Dagster lets only sensors launch backfills (a schedule yields runs), so the six-hourly
+cadence is this sensor's interval. What it backfills is `control.backfill.plan_backfill`'s:
+live checkpoints without a result for their job's current suite version, and evaluations
+that failed hours ago. The backfill's runs are ordinary `evaluation` materialisations:
+they take the `orbit-eval` pool like every other evaluation, and the ledger's claim lets
+only one run evaluate a (checkpoint, suite) at a time, whoever launched it.
 """
 import dagster as dg
 
-from ..control.evaluate import pending_evaluations
-from ..jobs import eval_job
+from ..assets.partitions import checkpoint_partition_requests, partition_of
+from ..control.backfill import plan_backfill
 from ..resources import OrbitResource
-from ..sensors.evaluations import eval_request
 
-BACKFILL_BATCH = 200
+EVALUATION = dg.AssetKey("evaluation")
+INTERVAL_S = 6 * 3600
 
 
-@dg.schedule(job=eval_job, cron_schedule="30 */6 * * *", execution_timezone="UTC",
-             default_status=dg.DefaultScheduleStatus.RUNNING,
-             description="Evaluates every checkpoint that has no result for its suite yet.")
-def eval_backfill_schedule(context: dg.ScheduleEvaluationContext, orbit: OrbitResource):
-    day = context.scheduled_execution_time.strftime("%Y-%m-%d")
-    rows = pending_evaluations(orbit.settings().ledger(), BACKFILL_BATCH)
-    if not rows:
-        return dg.SkipReason("every checkpoint has its evaluation")
-    return [eval_request(r, **{"orbit/backfill": day}) for r in rows]
+def backfill_request(context, suite: str, keys: list[str]) -> dg.RunRequest:
+    # Dagster builds a backfill from an asset-partition subset only through this constructor
+    # (what its own automation uses); there is no other public way to launch one from code.
+    from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
+    from dagster._core.definitions.events import AssetKeyPartitionKey
+
+    subset = AssetGraphSubset.from_asset_partition_set(
+        {AssetKeyPartitionKey(EVALUATION, str(partition_of(k))) for k in keys}, context.repository_def.asset_graph)
+    return dg.RunRequest.for_asset_graph_subset(subset, tags={"orbit/suite": suite, "orbit/kind": "eval",
+                                                              "orbit/backfill": "scheduled"})
+
+
+@dg.sensor(minimum_interval_seconds=INTERVAL_S, default_status=dg.DefaultSensorStatus.RUNNING,
+           asset_selection=dg.AssetSelection.assets(EVALUATION),
+           description="Every 6 hours: a Dagster backfill of the (checkpoint, suite) pairs still missing an "
+                       "evaluation (a new suite version, failures to retry).")
+def eval_backfill_sensor(context: dg.SensorEvaluationContext, orbit: OrbitResource) -> dg.SensorResult:
+    planned = plan_backfill(orbit.settings())
+    if not planned:
+        return dg.SensorResult(skip_reason="every live checkpoint has its current suite's evaluation")
+    keys = [k for ks in planned.values() for k in ks]
+    return dg.SensorResult(run_requests=[backfill_request(context, suite, ks) for suite, ks in sorted(planned.items())],
+                           dynamic_partitions_requests=checkpoint_partition_requests(context.instance, keys))

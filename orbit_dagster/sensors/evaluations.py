@@ -7,14 +7,15 @@ one run evaluate a (checkpoint, suite) at a time, so nothing is evaluated twice 
 
 import dagster as dg
 
-from ..assets.partitions import CHECKPOINTS, checkpoints_partitions
-from ..control.evaluate import eval_run_key, pending_evaluations, reconcile_evaluations
+from ..assets.partitions import checkpoint_partition_requests, partition_of
+from ..control.evaluate import eval_run_key, pending_evaluations, skip_deleted, stale_evaluations
 from ..jobs import eval_job
+from ..ops.rental import abandoned_eval_request, rental_job
+from ..ops.runs import IN_PROGRESS
 from ..resources import OrbitResource
 
 BATCH = 50  # sensors time out at 60 s; partition-key validation of many requests counts
-IN_PROGRESS = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-               dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING}
+ALIVE = set(IN_PROGRESS) | {dg.DagsterRunStatus.CANCELING}
 
 
 def run_alive(instance: dg.DagsterInstance):
@@ -22,28 +23,29 @@ def run_alive(instance: dg.DagsterInstance):
         if not run_id:
             return False
         run = instance.get_run_by_id(run_id)
-        return run is not None and run.status in IN_PROGRESS
+        return run is not None and run.status in ALIVE
 
     return alive
 
 
 def eval_request(row: dict, **tags: str) -> dg.RunRequest:
     return dg.RunRequest(run_key=eval_run_key(row["checkpoint_key"], row["suite"], int(row["tries"] or 0)),
-                         partition_key=row["checkpoint_key"],
+                         job_name="eval_job", partition_key=partition_of(row["checkpoint_key"]),
                          tags={"orbit/job": row["job_id"], "orbit/checkpoint": row["checkpoint_key"],
-                               "orbit/suite": row["suite"], "orbit/kind": "eval", **tags})
+                               "orbit/suite": row["suite"], "orbit/kind": "eval",
+                               "orbit/placement": row.get("placement") or "sim", **tags})
 
 
-@dg.sensor(job=eval_job, minimum_interval_seconds=2, default_status=dg.DefaultSensorStatus.RUNNING,
-           description="Evaluates every newly registered checkpoint; re-requests evaluations whose run died.")
+@dg.sensor(jobs=[eval_job, rental_job], minimum_interval_seconds=2, default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Evaluates every newly registered checkpoint; requests a run that releases and gives back an "
+                       "evaluation whose run died.")
 def checkpoint_evaluation_sensor(context: dg.SensorEvaluationContext, orbit: OrbitResource) -> dg.SensorResult:
     settings = orbit.settings()
-    for line in reconcile_evaluations(settings, run_alive(context.instance)):
-        context.log.info(f"evaluation given back: {line}")
+    stale = stale_evaluations(settings, run_alive(context.instance))
+    skip_deleted(settings)
     rows = pending_evaluations(settings.ledger(), BATCH)
-    known = set(context.instance.get_dynamic_partitions(CHECKPOINTS))
-    new = sorted({r["checkpoint_key"] for r in rows} - known)
     return dg.SensorResult(
-        run_requests=[eval_request(r) for r in rows],
-        dynamic_partitions_requests=[checkpoints_partitions.build_add_request(new)] if new else [],
+        run_requests=[abandoned_eval_request(r) for r in stale] + [eval_request(r) for r in rows],
+        dynamic_partitions_requests=checkpoint_partition_requests(context.instance,
+                                                                  [r["checkpoint_key"] for r in rows]),
     )

@@ -1,13 +1,20 @@
-"""Spot interruptions: notices and liveness of active instances; LOST jobs get a new attempt."""
+"""Spot interruptions: notices and liveness of active instances; every rental decision is a run.
+
+Each tick records notices as soon as providers publish them and decides what the ledger and
+the providers disagree on (`control.reconcile.decide`). A live host that no run follows is
+re-attached by a `training_run` run; everything that releases, bills or requeues (a host
+lost while no run followed it, a cancelled workload still running, a dispatch abandoned, an
+instance metered after its attempt, a LOST job) is one `rental_job` run per decision, with
+the decision's tags, so the run list shows every GPU released and why.
+"""
 
 import dagster as dg
 
-from ..control.reconcile import reconcile
+from ..control.reconcile import decide
 from ..jobs import train_job
-from ..resources import OrbitResource
-
-IN_PROGRESS = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-               dg.DagsterRunStatus.STARTED]
+from ..ops.rental import decision_request, rental_job
+from ..ops.runs import IN_PROGRESS
+from ..resources import AwsSpotResource, OrbitResource, SimMarketResource, SshRentalResource, active
 
 
 def _followed(instance: dg.DagsterInstance):
@@ -20,16 +27,23 @@ def _followed(instance: dg.DagsterInstance):
     return followed
 
 
-@dg.sensor(job=train_job, minimum_interval_seconds=2, default_status=dg.DefaultSensorStatus.RUNNING,
-           description="Reads reclaim notices and host liveness; re-attaches unfollowed attempts; requeues LOST jobs.")
-def spot_interruption_sensor(context: dg.SensorEvaluationContext, orbit: OrbitResource):
-    report = reconcile(orbit.settings(), followed=_followed(context.instance))
+@dg.sensor(jobs=[train_job, rental_job], minimum_interval_seconds=2, default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Reads reclaim notices and host liveness; re-attaches unfollowed attempts; requests a run for "
+                       "every release, bill or requeue it decides.")
+def spot_interruption_sensor(context: dg.SensorEvaluationContext, orbit: OrbitResource, sim_market: SimMarketResource,
+                             ssh_rental: SshRentalResource, aws_spot: AwsSpotResource):
+    with active(sim_market, ssh_rental, aws_spot):
+        report = decide(orbit.settings(), followed=_followed(context.instance))
     for line in report.lines():
         context.log.info(line)
-    for r in report.reattach:
-        # A fresh key per tick is safe: run_attempt re-attaches, it never launches twice.
-        yield dg.RunRequest(run_key=f"{r['job_id']}:attempt-{r['attempt']}:reattach-{context.cursor or 0}",
-                            partition_key=r["job_id"], tags={"orbit/job": r["job_id"], "orbit/reattach": "1"})
+    for d in report.decisions:
+        if d.action == "reattach":
+            # A fresh key per tick is safe: run_attempt re-attaches, it never launches twice.
+            yield dg.RunRequest(run_key=f"{d.job_id}:attempt-{d.attempt}:reattach-{context.cursor or 0}",
+                                job_name="train_job", partition_key=d.job_id,
+                                tags={"orbit/job": d.job_id, "orbit/reattach": "1", "orbit/kind": "train"})
+        else:
+            yield decision_request(d)
     if report.reattach:
         context.update_cursor(str(int(context.cursor or 0) + 1))
     if not report.actions:

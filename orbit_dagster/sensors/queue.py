@@ -20,8 +20,8 @@ ENDED = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED, dg.DagsterRu
 
 def ended_runs(instance: dg.DagsterInstance, job_id: str, attempt: int) -> int:
     """Runs of this attempt that ended while it was still queued."""
-    records = instance.get_run_records(dg.RunsFilter(tags={"orbit/job": job_id, "orbit/attempt": str(attempt)}),
-                                       limit=MAX_RUNS_PER_ATTEMPT + 1)
+    records = instance.get_run_records(dg.RunsFilter(tags={"orbit/job": job_id, "orbit/attempt": str(attempt),
+                                                           "orbit/kind": "train"}), limit=MAX_RUNS_PER_ATTEMPT + 1)
     if any(r.dagster_run.status not in ENDED for r in records):
         return -1  # one is queued or running: it will dispatch the attempt
     return len(records)
@@ -46,7 +46,7 @@ def job_queue_sensor(context: dg.SensorEvaluationContext, orbit: OrbitResource) 
             run_key=f"{r['job_id']}:attempt-{r['attempt']}" + (f":retry-{ended}" if ended else ""),
             partition_key=r["job_id"],
             tags={"orbit/job": r["job_id"], "orbit/attempt": str(r["attempt"]), "orbit/experiment": r["experiment"],
-                  "orbit/kind": "train"},
+                  "orbit/kind": "train", "orbit/placement": r["placement"] or "sim"},
         ))
     return dg.SensorResult(
         run_requests=requests,

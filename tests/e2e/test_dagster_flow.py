@@ -5,6 +5,7 @@ import math
 import dagster as dg
 import pytest
 
+from orbit_dagster.assets.partitions import checkpoint_key_of
 from orbit_dagster.instance import dagster_instance
 
 pytestmark = pytest.mark.e2e
@@ -15,7 +16,8 @@ def materialized_partitions(instance, asset: str) -> dict[str, dict]:
     records = instance.fetch_materializations(dg.AssetKey(asset), limit=1000).records
     for rec in records:
         mat = rec.asset_materialization
-        out.setdefault(mat.partition, {k: v.value for k, v in mat.metadata.items()})
+        key = checkpoint_key_of(mat.partition) if "|" in str(mat.partition) else mat.partition
+        out.setdefault(key, {k: v.value for k, v in mat.metadata.items()})
     return out
 
 
@@ -40,7 +42,7 @@ def test_training_checkpoints_evaluations_and_best_are_materialised(demo_run):
         losses = {k: m["eval/loss"] for k, m in evals.items()}
         assert best["checkpoint"] == min(losses, key=losses.get) == result["best_checkpoint"]
         assert best["metric"] == "eval/loss" and math.isclose(best["value"], min(losses.values()))
-        assert set(instance.get_dynamic_partitions("checkpoints")) == set(keys)
+        assert set(instance.get_dynamic_partitions("checkpoint_steps")) == {k.split("/", 1)[1] for k in keys}
         runs = instance.get_run_records(dg.RunsFilter(tags={"orbit/job": job}))
         train_runs = [r for r in runs if r.dagster_run.job_name == "train_job"]
         assert len(train_runs) == 1 and train_runs[0].dagster_run.tags["orbit/attempt"] == "1"

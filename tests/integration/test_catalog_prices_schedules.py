@@ -14,7 +14,7 @@ from orbit_dagster.control.settings import Settings
 from orbit_dagster.control.submit import cancel, submit
 from orbit_dagster.ledger import records as R
 from orbit_dagster.resources import OrbitResource
-from orbit_dagster.schedules.backfill import eval_backfill_schedule
+from orbit_dagster.schedules.backfill import eval_backfill_sensor
 from tests.helpers import wait_for
 
 
@@ -57,17 +57,40 @@ def test_price_feed_ingests_ticks_and_flags_a_job_over_its_max_price(orbit_home)
     assert ledger.scalar("SELECT count(*) FROM instance_usage WHERE job_id = ? AND running", [job]) == 0
 
 
-def test_eval_backfill_schedule_requests_every_unevaluated_checkpoint(orbit_home):
+def test_eval_backfill_launches_a_dagster_backfill_of_exactly_the_missing_pairs(orbit_home):
+    import time
+
+    from orbit_dagster.assets.partitions import checkpoint_key_of
+    from orbit_dagster.control.backfill import plan_backfill
+    from orbit_dagster.definitions import defs
+    from orbit_dagster.instance import dagster_instance
+
     settings = Settings.from_env(orbit_home)
-    job = submit(settings, "charlm-finetune", {"config.steps": 8, "checkpoint.every_steps": 4})
+    job = submit(settings, "charlm-finetune", {"config.steps": 12, "checkpoint.every_steps": 4})
     assert run_attempt(settings, job).state == "SUCCEEDED"
-    with dg.build_schedule_context(scheduled_execution_time=datetime(2026, 11, 29, 6, 30, tzinfo=timezone.utc),
-                                   resources={"orbit": OrbitResource(home=str(orbit_home))}) as context:
-        requests = eval_backfill_schedule(context)
-    assert sorted(r.partition_key for r in requests) == [f"{job}/a1/4", f"{job}/a1/8"]
-    # The sensor's run keys: one per (checkpoint, suite, try), whoever asks.
-    assert sorted(r.run_key for r in requests) == [f"eval:{job}/a1/4:heldout:try-1", f"eval:{job}/a1/8:heldout:try-1"]
-    assert all(r.tags["orbit/backfill"] == "2026-11-29" and r.tags["orbit/kind"] == "eval" for r in requests)
+    ledger = settings.ledger()
+    keys = [r["checkpoint_key"] for r in ledger.rows("SELECT checkpoint_key FROM checkpoints WHERE job_id = ? "
+                                                      "ORDER BY step", [job])]
+    assert plan_backfill(settings) == {}  # PENDING: the evaluation sensor's, not the backfill's
+    # One failed hours ago (retried by the backfill), one never asked for (a suite added later),
+    # one evaluated already (left alone).
+    with ledger.write() as tx:
+        tx.execute("UPDATE evaluations SET state = 'FAILED', finished_at = ? WHERE checkpoint_key = ?",
+                   [time.time() - 7 * 3600, keys[0]])
+        tx.execute("DELETE FROM evaluations WHERE checkpoint_key = ?", [keys[1]])
+        tx.execute("UPDATE evaluations SET state = 'SUCCEEDED' WHERE checkpoint_key = ?", [keys[2]])
+    with dagster_instance(settings) as instance:
+        context = dg.build_sensor_context(instance=instance, repository_def=defs.get_repository_def(),
+                                          resources={"orbit": OrbitResource(home=str(orbit_home))})
+        result = eval_backfill_sensor(context)
+    [request] = result.run_requests
+    assert request.requires_backfill_daemon() and request.tags["orbit/suite"] == "heldout@v1"
+    subset = request.asset_graph_subset
+    [(asset, partitions)] = subset.partitions_subsets_by_asset_key.items()
+    assert asset == dg.AssetKey("evaluation")
+    assert sorted(checkpoint_key_of(p) for p in partitions.get_partition_keys()) == sorted(keys[:2])
+    states = {r["checkpoint_key"]: r["state"] for r in ledger.rows("SELECT checkpoint_key, state FROM evaluations")}
+    assert states == {keys[0]: "BACKFILL", keys[1]: "BACKFILL", keys[2]: "SUCCEEDED"}
 
 
 def test_orbit_offers_json_lists_gce_h100_with_prices_and_reliability(orbit_home):

@@ -1,0 +1,1 @@
+"""Op jobs: the launchpad's doors (submit, retry, cancel) and the runs that rent or release GPUs."""
