@@ -174,6 +174,22 @@ def best(experiment: str, lineage: str, as_json: bool) -> None:
 
 
 @cli.group()
+def ledger() -> None:
+    """The ledger's own maintenance."""
+
+
+@ledger.command("upgrade")
+def ledger_upgrade() -> None:
+    """Convert this home's Parquet-commit ledger (an older orbit-dagster's) into the current one, once."""
+    from .ledger.legacy import upgrade
+
+    settings = _settings()
+    counts = upgrade(settings.ledger_dir, settings.ledger_url)
+    click.echo(f"upgraded {settings.ledger_dir}: " + ", ".join(f"{n} {t}" for t, n in counts.items() if n)
+               + f"; the old files are in {settings.ledger_dir / 'segments.bak'}")
+
+
+@cli.group()
 def metric() -> None:
     """The primary metric of an experiment or a project."""
 

@@ -16,6 +16,7 @@ import re
 import threading
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
@@ -91,7 +92,7 @@ def _bind_row(spec, row: dict) -> dict:
         if c not in row:
             continue
         v = row[c]
-        out[c] = int(v) if isinstance(v, bool) else epoch(v)
+        out[c] = int(v) if isinstance(v, bool) else float(v) if isinstance(v, Decimal) else epoch(v)
     return out
 
 

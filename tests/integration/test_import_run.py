@@ -57,7 +57,8 @@ def test_import_registers_verified_checkpoints_that_evaluate_and_rank(outside_ru
     listed = orbit("status", "--json", home=orbit_home)
     assert listed.returncode == 0 and job in {r["job_id"] for r in json.loads(listed.stdout)}
     with dagster_instance(settings) as instance:  # partitions of the `checkpoint` asset, with materialisations
-        assert set(instance.get_dynamic_partitions("checkpoints")) == set(result["checkpoints"])
+        assert set(instance.get_dynamic_partitions("jobs")) == {job}
+        assert set(instance.get_dynamic_partitions("checkpoint_steps")) == {"a1/4", "a1/8"}
         assert instance.get_latest_materialization_event(dg.AssetKey("checkpoint")) is not None
     # Training metrics rank the run until an evaluation exists; then evaluations do.
     assert compute_best(settings, "imp")["metric_source"] == "train"

@@ -163,3 +163,48 @@ def test_cost_views_sum_to_the_bill_with_waste_and_overhead_lines(tmp_path):
     job = ledger.one("SELECT * FROM cost_by_job")
     assert job["usd"] == pytest.approx(5.75) and job["wasted_usd"] == 0.5 and job["overhead_usd"] == 0.25
     assert job["wasted_gpu_seconds"] == 1.0 and job["eval_usd"] == 0  # never NULL (NaN in pandas)
+
+
+def test_a_metric_read_twice_is_recorded_once(tmp_path):
+    ledger = fresh(tmp_path)
+    point = {"job_id": "j", "run_id": "j#1", "step": 5, "name": "train/loss", "value": 2.5, "source": "train", "ts": now()}
+    ledger.commit({"metric_points": [point]})
+    ledger.commit({"metric_points": [point, {**point, "step": 6}]})  # a re-attached run reads from the start
+    assert ledger.scalar("SELECT count(*) FROM metric_points") == 2
+
+
+def test_a_parquet_ledger_home_is_upgraded_once_and_kept(tmp_path):
+    """A home written by the old Parquet-commit ledger: refused until upgraded, then whole."""
+    from orbit_dagster.ledger.legacy import upgrade
+
+    segments = tmp_path / "l" / "segments"
+    con = duckdb.connect()
+    t = "TIMESTAMPTZ '2026-01-01 00:00:00+00'"
+    tables = {
+        "jobs": f"SELECT 'j' AS job_id, 'charlm-finetune' AS template, 1 AS template_version, 'train' AS kind, "
+                f"'e' AS experiment, 'p' AS project, 'sim' AS placement, 5 AS max_interruptions, {t} AS created_at",
+        "job_states": f"SELECT 'j' AS job_id, 1 AS attempt, s AS state, '' AS reason, NULL AS failure_class, '{{}}' AS "
+                      f"detail, {t} + to_seconds(i) AS ts FROM (VALUES ('CREATED', 0), ('QUEUED', 1), ('SUCCEEDED', 2)) v(s, i)",
+        "checkpoints": f"SELECT 'j/40' AS checkpoint_key, 'j' AS job_id, 'j#1' AS run_id, 1 AS attempt, 40 AS step, "
+                       f"'durable' AS tier, NULL AS parent_key, 'file:///x' AS uri, 'ab' AS sha256, 10 AS bytes, "
+                       f"'cd' AS weights_sha256, 2.5::DOUBLE AS train_loss, 0.1::DOUBLE AS save_seconds, {t} AS created_at, "
+                       f"{t} AS registered_at",
+        "costs": f"SELECT 'i:0' AS cost_id, 'i' AS instance_id, 'j' AS job_id, 'j#1' AS run_id, 1 AS attempt, "
+                 f"'j/40' AS checkpoint_key, 'train' AS kind, {t} AS start_ts, {t} + to_seconds(10) AS end_ts, "
+                 f"10.0::DOUBLE AS seconds, 0.5::DOUBLE AS usd_per_second, 5.0::DOUBLE AS usd",
+    }
+    for n, (table, sql) in enumerate(tables.items()):
+        folder = segments / f"c-{n:019d}-1-aa"
+        folder.mkdir(parents=True, exist_ok=True)
+        con.execute(f"COPY ({sql}) TO '{folder / (table + '.parquet')}' (FORMAT parquet)")
+    with pytest.raises(LedgerError, match="orbit ledger upgrade"):
+        migrate(Ledger(url(tmp_path)))
+    counts = upgrade(tmp_path / "l", url(tmp_path))
+    assert counts["jobs"] == 1 and counts["checkpoints"] == 1 and counts["costs"] == 1
+    ledger = Ledger(url(tmp_path))
+    migrate(ledger)  # no longer refused
+    job = R.job(ledger, "j")
+    assert (job["state"], job["attempt"], job["lineage"]) == ("SUCCEEDED", 1, "L1-legacy")
+    assert ledger.one("SELECT checkpoint_key, experiment FROM checkpoints") == {"checkpoint_key": "j/40", "experiment": "e"}
+    assert ledger.scalar("SELECT sum(usd) FROM cost_by_job") == 5.0
+    assert (tmp_path / "l" / "segments.bak").is_dir() and not segments.exists()
