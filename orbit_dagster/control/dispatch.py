@@ -88,6 +88,12 @@ def _launch(settings: Settings, ledger: Ledger, job: dict, bundle, provider: Pro
     ranked, decision = rank_for(ledger, provider, bundle.spec.execution_request, job_id=job_id, attempt=attempt,
                                 notice_s=provider.notice_seconds, template=template.name,
                                 avoid=offers_to_avoid(ledger, job_id))
+    from .deadline import choose, on_demand_offers
+
+    market, market_row = choose(ledger, job, template, ranked[0], notice_s=provider.notice_seconds,
+                                done_steps=int(resume["step"]) if resume else 0) if ranked else ("spot", None)
+    if market == "on_demand":  # the deadline cannot afford the spot market's reclaims any more
+        ranked = on_demand_offers(ranked) or ranked
     standby = standby_instance(ledger, provider, job_id, attempt)
     if standby:
         instance, tried = standby, []
@@ -102,7 +108,7 @@ def _launch(settings: Settings, ledger: Ledger, job: dict, bundle, provider: Pro
                                   "standby": instance.instance_id if standby else None})
     if standby:  # provisioned ahead by a migration: it becomes this attempt's instance
         decision["chosen"] = instance.offer.offer_id
-    ledger.commit({"decisions": [decision, interval_row],
+    ledger.commit({"decisions": [decision, interval_row] + ([market_row] if market_row else []),
                    "instances": [] if standby else [instance_row(instance, "train", job_id, run_id,
                                                                  dagster_run_id=dagster_run_id)]})
     if standby:

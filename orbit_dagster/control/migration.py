@@ -16,9 +16,10 @@ A failure before step 2 leaves the job where it was (the replacement is released
 """
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 
-from ..core.offers import Offer
+from ..core.offers import Offer, on_demand
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
 from ..policy.migration import risk_rising, should_migrate
@@ -66,6 +67,10 @@ def plan_migrations(settings: Settings, *, now: datetime | None = None, window_s
         if not current.spot or ledger.scalar(
                 "SELECT count(*) FROM events WHERE run_id = ? AND kind = 'migration_started'", [row["run_id"]]):
             continue
+        deadline_move = to_on_demand(settings, ledger, row, current)
+        if deadline_move is not None:
+            moves.append(deadline_move)
+            continue
         history = risk_history(ledger, current, now, window_s)
         if not risk_rising(history):
             continue
@@ -95,6 +100,29 @@ def plan_migrations(settings: Settings, *, now: datetime | None = None, window_s
                           "from": current.offer_id, "to": target.offer_id, "target": target.model_dump_json(),
                           "reason": decision.reason})
     return moves
+
+
+def to_on_demand(settings: Settings, ledger: Ledger, row: dict, current: Offer) -> dict | None:
+    """A deadline job on spot whose policy now says on-demand: the move to the same shape on demand."""
+    from .deadline import choose
+
+    bundle, provider = bundle_and_provider(settings, ledger, row["job_id"], int(row["attempt"]))
+    template = bundle.spec.template
+    if template.deadline_hours is None:
+        return None
+    job = R.require_job(ledger, row["job_id"])
+    done = ledger.scalar("SELECT max(step) FROM checkpoints WHERE run_id = ?", [row["run_id"]]) or 0
+    market, decision = choose(ledger, job, template, current, notice_s=provider.notice_seconds, done_steps=int(done),
+                              holding="spot")
+    if market != "on_demand" or decision is None:
+        return None
+    ledger.commit({"decisions": [decision]})
+    target = on_demand(current)
+    handle = RunHandle.model_validate_json(row["handle"])
+    return {"job_id": row["job_id"], "attempt": int(row["attempt"]), "run_id": row["run_id"],
+            "instance_id": handle.instance.instance_id, "provider": provider.name, "from": current.offer_id,
+            "to": target.offer_id, "target": target.model_dump_json(),
+            "reason": "the deadline needs on-demand now: " + str(json.loads(decision["inputs"])["reason"])}
 
 
 def carry_out(settings: Settings, move: dict) -> dict:

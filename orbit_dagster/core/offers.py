@@ -43,3 +43,17 @@ class Offer(BaseModel):
     def effective_tflops(self) -> float | None:
         """Measured TFLOPS once a probe ran on this shape, else the spec figure."""
         return self.measured_tflops if self.measured_tflops is not None else self.spec_tflops_bf16
+
+
+ON_DEMAND_SUFFIX = ":on-demand"
+
+
+def on_demand(offer: Offer) -> Offer | None:
+    """The same shape rented on demand (never reclaimed), or None when it has no on-demand price."""
+    if not offer.spot:
+        return offer
+    if offer.usd_per_gpu_second_on_demand is None:
+        return None
+    return offer.model_copy(update={"spot": False, "offer_id": offer.offer_id + ON_DEMAND_SUFFIX,
+                                    "reclaims_per_hour": 0.0, "reliability": 1.0,
+                                    "reliability_source": "on-demand: not reclaimed"})

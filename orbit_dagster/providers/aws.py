@@ -32,7 +32,7 @@ from .aws_ec2 import Ec2Api
 from .aws_errors import END_STATES, notice_from_spot_request, transition_time
 from .aws_host import IMDS_URL, SshHostTransport
 from .aws_offers import AwsCatalog, is_aws_endpoint
-from .aws_spot import SpotApi, launch_spot, spot_request, wait_running
+from .aws_spot import SpotApi, launch_on_demand, launch_spot, spot_request, wait_running
 from .base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
 from .jsonfiles import read_json, write_json
 
@@ -159,8 +159,9 @@ class AwsSpotProvider:
             log.warning("aws: the instances' SSH port is open to the whole internet (ORBIT_AWS_SSH_CIDR)")
         host_key = new_ed25519(f"orbit-host {tags.get('orbit/job', '')}".strip())
         spec = self._launch_spec(offer, access.key_name, access.security_group_ids, user_data(host_key))
-        inst, request_id = launch_spot(self.api, spec, tag_list, spot_api=self.spot_api,
-                                       wait_s=self.boot_timeout_s, poll_s=self.api_poll_s)
+        inst, request_id = (launch_spot(self.api, spec, tag_list, spot_api=self.spot_api, wait_s=self.boot_timeout_s,
+                                        poll_s=self.api_poll_s) if offer.spot else
+                            launch_on_demand(self.api, spec, tag_list))
         iid = inst["InstanceId"]
         self._remember(iid, launched_at=as_utc(inst["LaunchTime"]).timestamp() if inst.get("LaunchTime") else None,
                        offer=offer.offer_id, spot_request_id=request_id)

@@ -21,6 +21,14 @@ SpotApi = Literal["run_instances", "request_spot_instances"]
 METADATA_OPTIONS = {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1}
 
 
+def launch_on_demand(api: Ec2Api, spec: dict[str, Any], tags: list[dict]) -> tuple[dict, None]:
+    """Rent one on-demand instance (a deadline the spot market can no longer meet)."""
+    inst = api.call("run_instances", **spec, MinCount=1, MaxCount=1, MetadataOptions=METADATA_OPTIONS,
+                    TagSpecifications=[{"ResourceType": "instance", "Tags": tags},
+                                       {"ResourceType": "volume", "Tags": tags}])["Instances"][0]
+    return inst, None
+
+
 def launch_spot(api: Ec2Api, spec: dict[str, Any], tags: list[dict], *, spot_api: SpotApi, wait_s: float,
                 poll_s: float) -> tuple[dict, str | None]:
     """Rent one spot instance from `spec` (ImageId, InstanceType, UserData, ...); returns it and its request id."""

@@ -121,6 +121,8 @@ class TraceMarket:
         return trace, offer_shift(offer.offer_id, trace.duration_s)
 
     def reclaim_at(self, offer: Offer, start_wall: float) -> float | None:
+        if not offer.spot:
+            return None  # on-demand capacity: always there, never reclaimed
         trace, shift = self._zone(offer)
         t = (self.config.market_time(start_wall) + shift) % trace.duration_s
         avail = next_available(trace, t, cyclic=True)

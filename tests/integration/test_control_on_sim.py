@@ -124,3 +124,23 @@ def test_retry_from_scratch_with_another_lr_never_reports_the_old_weights(settin
     assert best["candidates"] == 3
     every = compute_best(settings, "lr", lineage="all")  # ... unless a person asks for the old one too
     assert every["candidates"] == 6
+
+
+def test_a_deadline_the_spot_market_cannot_meet_rents_on_demand(settings):
+    """The spot/on-demand switch is the deadline policy `orbit simulate` replays, asked at dispatch."""
+    job = submit(settings, "charlm-finetune", {**FAST, "deadline_hours": 0.001}, experiment="deadline")
+    out = run_attempt(settings, job)
+    assert out.state == "SUCCEEDED"
+    ledger = settings.ledger()
+    decision = ledger.one("SELECT chosen, inputs FROM decisions WHERE job_id = ? AND kind = 'spot_or_on_demand'", [job])
+    assert decision["chosen"] == "on_demand" and "deadline" in json.loads(decision["inputs"])["reason"]
+    inst = ledger.one("SELECT spot, offer_id, usd_per_second FROM instances WHERE job_id = ? AND purpose = 'train'", [job])
+    assert inst["spot"] == 0 and inst["offer_id"].endswith(":on-demand")
+
+
+def test_without_a_deadline_the_job_rents_spot_and_records_no_switch(settings):
+    job = submit(settings, "charlm-finetune", FAST, experiment="nodeadline")
+    assert run_attempt(settings, job).state == "SUCCEEDED"
+    ledger = settings.ledger()
+    assert ledger.scalar("SELECT count(*) FROM decisions WHERE job_id = ? AND kind = 'spot_or_on_demand'", [job]) == 0
+    assert ledger.scalar("SELECT spot FROM instances WHERE job_id = ? AND purpose = 'train'", [job]) == 1

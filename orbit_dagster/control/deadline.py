@@ -1,0 +1,53 @@
+"""Deadline-aware renting: spot or on-demand, decided by the policy `orbit simulate` replays.
+
+A template with `deadline_hours` must finish within that many hours of submission. At each
+dispatch, and at every price-feed tick while it runs on spot, the control plane asks
+`policy.deadline_plan.spot_or_on_demand` with what it knows (work left from the measured
+step time, time left, both prices, the offer's reclaim rate, save/restore times, notice);
+`on_demand` rents the same shape on demand (never reclaimed), and a running attempt moves
+there make-before-break, like a migration. Every answer is a decision row with its inputs.
+"""
+from __future__ import annotations
+
+import time
+
+from ..core.offers import Offer, on_demand
+from ..ledger import Ledger, utcnow
+from ..ledger import records as R
+from ..policy.deadline_plan import spot_or_on_demand
+from ..policy.reclaim_rate import RateBook
+from .observations import measured_step_seconds, observed_reclaims
+from .offers import DEFAULT_RESTORE_S, measured_save_seconds
+
+
+def choose(ledger: Ledger, job: dict, template, offer: Offer, *, notice_s: float, done_steps: int,
+           holding: str = "none") -> tuple[str, dict | None]:
+    """("spot" | "on_demand", the decision row); ("spot", None) for a job without a deadline."""
+    if template.deadline_hours is None or not offer.spot:
+        return "spot", None
+    od = on_demand(offer)
+    if od is None:
+        return "spot", None
+    step_s = measured_step_seconds(ledger, template.name)
+    work_left_s = max(int(template.config.get("steps", 0)) - done_steps, 0) * step_s
+    time_left_s = max(float(job["created_at"]) + template.deadline_hours * 3600.0 - time.time(), 0.0)
+    book = RateBook()
+    seen = observed_reclaims(ledger).get(offer.offer_id)
+    if seen:
+        book.for_offer(offer).observe(seen[0], seen[1] * 3600.0)
+    d = spot_or_on_demand(work_left_s=work_left_s, time_left_s=time_left_s, spot_available=True, holding=holding,
+                          spot_usd_per_hour=offer.usd_per_second * 3600.0,
+                          on_demand_usd_per_hour=od.usd_per_second * 3600.0, restore_s=DEFAULT_RESTORE_S,
+                          save_s=measured_save_seconds(ledger, template.name), notice_s=notice_s,
+                          mtbf_s=book.for_offer(offer).mtbf_s)
+    action = "on_demand" if d.action == "on_demand" else "spot"
+    row = {"decision_id": R.event("decision")["event_id"], "job_id": job["job_id"], "attempt": int(job["attempt"]),
+           "kind": "spot_or_on_demand", "chosen": action, "runner_up": "spot" if action == "on_demand" else "on_demand",
+           "inputs": R.dumps({"reason": d.reason, "policy_action": d.action, **d.inputs, "offer": offer.offer_id}),
+           "ts": utcnow()}
+    return action, row
+
+
+def on_demand_offers(ranked: list[Offer]) -> list[Offer]:
+    """The ranked shapes, rented on demand (those that have an on-demand price)."""
+    return [od for od in (on_demand(o) for o in ranked) if od is not None]
