@@ -137,18 +137,26 @@ class AttemptMonitor:
         row = R.job(self.ledger, self.job_id)
         return row is not None and row["state"] == JobState.CANCELLED.value
 
+    def _reachable(self, what, *args):
+        """One call to the host; a retryable error is logged and returns None (out of reach now)."""
+        try:
+            return what(*args)
+        except ProviderError as exc:
+            if not exc.retryable:
+                raise
+            self.reporter.log(f"{self.job_id}: {exc}; still following")
+            return None
+
     def follow(self, poll_s: float = 0.25, flush_every_s: float = 2.0) -> RunStatus:
         last_flush = time.time()
         while True:
-            try:
-                self.pump()
-                status = self.provider.status(self.handle)
-            except ProviderError as exc:
-                if not exc.retryable:
-                    raise
-                # A host briefly out of reach: keep following; the provider itself says
-                # `lost` once it has been unreachable for longer than its grace period.
-                self.reporter.log(f"{self.job_id}: {exc}; still following")
+            # Events and status are asked separately: a host whose event file cannot be read
+            # is still asked for its status, and the provider says `lost` once it has been out
+            # of reach for longer than its grace period, so an unreachable host ends the
+            # attempt instead of keeping this run waiting for good.
+            self._reachable(self.pump)
+            status = self._reachable(self.provider.status, self.handle)
+            if status is None:
                 time.sleep(max(poll_s, 1.0))
                 continue
             if time.time() - last_flush >= flush_every_s:
@@ -157,12 +165,12 @@ class AttemptMonitor:
                 if status.state not in ("exited", "lost") and self.cancelled():
                     # `orbit cancel` (or the UI): stop the workload; the bill stops with it.
                     self.provider.terminate(self.handle.instance, "job cancelled")
-                    self.pump()
+                    self._reachable(self.pump)
                     self.flush_metrics()
                     return RunStatus(state="exited", exit_code=None, failure_class="cancelled",
                                      reason="cancelled by a person")
             if status.state in ("exited", "lost"):
-                self.pump()  # the last lines written before the exit
+                self._reachable(self.pump)  # the last lines written before the exit
                 self.flush_metrics()
                 return status
             time.sleep(poll_s)

@@ -26,8 +26,12 @@ def eval_suite_for(settings: Settings, ledger: Ledger, job_id: str, attempt: int
     return template.eval.suite_id if template.eval else None
 
 
-def bundle_and_provider(settings: Settings, ledger: Ledger, job_id: str, attempt: int) -> tuple[JobBundle, Provider]:
-    bundle = bundle_of(ledger, job_id, attempt, verify=True)
+def bundle_and_provider(settings: Settings, ledger: Ledger, job_id: str, attempt: int, *,
+                        verify: bool = False) -> tuple[JobBundle, Provider]:
+    """The attempt's bundle and its provider. `verify` re-hashes every file of the bundle: what
+    dispatch does before sending it to a host (the host's agent checks it again); following,
+    billing and reconciling an attempt only need its settings."""
+    bundle = bundle_of(ledger, job_id, attempt, verify=verify)
     return bundle, provider_for(settings, bundle.spec.execution_request.backend_key)
 
 

@@ -42,7 +42,7 @@ def dispatch(settings: Settings, ledger: Ledger, job: dict, *, dagster_run_id: s
     provisioned: list[InstanceHandle] = []
     provider: Provider | None = None
     try:
-        bundle, provider = bundle_and_provider(settings, ledger, job_id, attempt)
+        bundle, provider = bundle_and_provider(settings, ledger, job_id, attempt, verify=True)
         return _launch(settings, ledger, job, bundle, provider, provisioned, dagster_run_id=dagster_run_id,
                        reporter=reporter)
     except BaseException as exc:

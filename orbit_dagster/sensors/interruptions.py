@@ -18,11 +18,14 @@ from ..resources import AwsSpotResource, OrbitResource, SimMarketResource, SshRe
 
 
 def _followed(instance: dg.DagsterInstance):
+    """Whether a live run follows a job: one query for all of them, not one per job."""
+    live = {r.dagster_run.tags.get("dagster/partition") for r in instance.get_run_records(
+        dg.RunsFilter(statuses=IN_PROGRESS, job_name="train_job"))}
+    live |= {r.dagster_run.tags.get("dagster/partition") for r in instance.get_run_records(
+        dg.RunsFilter(statuses=IN_PROGRESS, job_name="__ASSET_JOB"))}
+
     def followed(job_id: str, attempt: int) -> bool:  # noqa: ARG001 - any live run of the partition re-attaches
-        runs = instance.get_run_records(
-            dg.RunsFilter(statuses=IN_PROGRESS, tags={"dagster/partition": job_id}), limit=1
-        )
-        return bool(runs)
+        return job_id in live
 
     return followed
 
