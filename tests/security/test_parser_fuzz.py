@@ -315,8 +315,7 @@ host_events = st.lists(st.dictionaries(
     "control/attempt.py::AttemptMonitor._on_events: int(ev['step']) is unguarded for metrics/progress/checkpoint "
     "events ('x' -> ValueError, missing -> KeyError), `values` that is not a mapping -> AttributeError, a 'ts' "
     "that is not a number -> ValueError, a NaN metric value is stored (SQLite keeps it as NULL), and a step "
-    "beyond 64 bits makes "
-    "flush_metrics raise OverflowError: one bad line from a host (or its workload, which can write events) "
+    "beyond 64 bits makes flush_metrics raise OverflowError: one bad line from a host (or its workload, which can write events) "
     "kills the run following the attempt, and every re-attach dies on the same line"))
 @SLOW_FUZZ
 @given(events=host_events)
