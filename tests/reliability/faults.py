@@ -8,7 +8,9 @@ pytest; the state is this module's, so a session that loads both prints one tabl
 """
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
+from pathlib import Path
 
 MARK = "fault"
 
@@ -87,17 +89,18 @@ def _summary(results: list[str]) -> str:
 
 
 def table_lines() -> list[str]:
+    """The table, one row per test, in Markdown (docs/reliability.md records one)."""
     rows = [(k, r) for k, r in _rows.items() if r["results"]]
     if not rows:
         return []
-    out = [f"{'test':58} | {'fault':62} | {'expected outcome':58} | result"]
-    out.append("-" * len(out[0]))
+    out = ["| test | fault | expected outcome | result |", "|---|---|---|---|"]
     for key, r in rows:
-        name = key.rsplit("::", 1)[-1]
         result = _summary(r["results"])
         if r.get("note"):
-            result += f" ({r['note'][:150]})"
-        out.append(f"{name[:58]:58} | {r['fault'][:62]:62} | {r['expect'][:58]:58} | {result}")
+            note = " ".join(r["note"].split())
+            result += f": {note[:140]}{'...' if len(note) > 140 else ''}"
+        cells = [f"`{key.rsplit('::', 1)[-1]}`", r["fault"], r["expect"], result]
+        out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return out
 
 
@@ -110,3 +113,6 @@ def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.section("reliability: faults and outcomes")
     for line in lines:
         terminalreporter.write_line(line)
+    target = os.environ.get("ORBIT_FAULT_TABLE")
+    if target:  # e.g. to paste into docs/reliability.md
+        Path(target).write_text("\n".join(lines) + "\n")

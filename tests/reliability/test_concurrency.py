@@ -17,6 +17,7 @@ import pytest
 from orbit_dagster.core.lifecycle import JobState
 from orbit_dagster.ledger import records as R
 from orbit_dagster.ledger import utcnow
+from tests.helpers import wait_for
 from tests.reliability import inject
 
 WRITERS, RACED_JOBS = 8, 20
@@ -46,6 +47,9 @@ from orbit_dagster.control.settings import Settings
 home, how, stop, out = sys.argv[1:5]
 ledger = Settings.from_env(home).ledger()
 seen, errors = [], []
+if how == "face":
+    ledger.query("SELECT 1 AS x")  # the DuckDB connection is made before the writers start
+open(out + ".ready", "w").close()
 while not os.path.exists(stop):
     try:
         if how == "face":
@@ -74,7 +78,9 @@ def test_concurrent_writers_with_readers_lose_and_duplicate_nothing(settings, or
                              log=tmp_path / f"{how}.log"), how) for how in ("face", "store")]
     writers = [inject.spawn(WRITER, str(orbit_home), f"w{i}", str(EVENTS), str(RACED_JOBS), str(go),
                             log=tmp_path / f"w{i}.log") for i in range(WRITERS)]
-    time.sleep(1.0)  # let them import; then all start together
+    wait_for(lambda: all((tmp_path / f"{how}.json.ready").exists() for _, how in readers)
+             or any(p.poll() is not None for p, _ in readers), 120, what="the readers ready")
+    time.sleep(1.0)  # the writers import meanwhile; then all start together
     go.touch()
     t0 = time.time()
     try:

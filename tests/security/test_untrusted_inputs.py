@@ -129,39 +129,39 @@ def test_defect_4_a_forged_checkpoint_is_never_resumed_from_or_evaluated(setting
     """Old code: resume and evaluation checked a checkpoint against its own manifest only, so
     one whose manifest was rewritten to match tampered weights was resumed from and
     evaluated silently."""
-    job = train(settings, {"config.steps": 16, "checkpoint.every_steps": 4}, experiment="tamper")
+    job = train(settings, {"config.steps": 8, "checkpoint.every_steps": 2}, experiment="tamper")
     ledger = settings.ledger()
     rows = {r["step"]: r for r in R.checkpoints(ledger, job)}
-    assert sorted(rows) == [4, 8, 12, 16]
-    forged_digest = inject.forge_checkpoint(rows[16]["uri"])  # verifies against its own manifest ...
-    assert forged_digest != rows[16]["sha256"]  # ... but not against the ledger
-    inject.flip_byte(inject.path_of(rows[12]["uri"]) / "state.pt")
-    inject.truncate(inject.path_of(rows[8]["uri"]) / "state.pt", keep=0.5)
+    assert sorted(rows) == [2, 4, 6, 8]
+    forged_digest = inject.forge_checkpoint(rows[8]["uri"])  # verifies against its own manifest ...
+    assert forged_digest != rows[8]["sha256"]  # ... but not against the ledger
+    inject.flip_byte(inject.path_of(rows[6]["uri"]) / "state.pt")
+    inject.truncate(inject.path_of(rows[4]["uri"]) / "state.pt", keep=0.5)
 
-    for step, words in ((16, "changed after registration"), (12, "does not match"), (8, "does not match")):
+    for step, words in ((8, "changed after registration"), (6, "does not match"), (4, "does not match")):
         with pytest.raises(CheckpointIntegrityError, match=words):
             evaluate_checkpoint(settings, rows[step]["checkpoint_key"])
     assert ledger.scalar("SELECT count(*) FROM instances WHERE purpose = 'eval'") == 0  # nothing rented
     states = {r["checkpoint_key"]: r for r in ledger.rows("SELECT * FROM evaluations WHERE job_id = ?", [job])}
     assert all(states[rows[s]["checkpoint_key"]]["state"] == "PENDING" and states[rows[s]["checkpoint_key"]]["reason"]
-               for s in (8, 12, 16))
+               for s in (4, 6, 8))
 
     assert newest_complete(ledger, settings.store_uri, job, lineage=R.require_job(ledger, job)["lineage"],
-                           eval_suite=None)["step"] == 4
+                           eval_suite=None)["step"] == 2
     unusable = {r["checkpoint_key"] for r in ledger.rows(
         "SELECT checkpoint_key FROM events WHERE job_id = ? AND kind = 'checkpoint_unusable'", [job])}
-    assert unusable == {rows[s]["checkpoint_key"] for s in (8, 12, 16)}
+    assert unusable == {rows[s]["checkpoint_key"] for s in (4, 6, 8)}
     # Training longer continues the lineage: from the newest checkpoint that is still what was registered.
-    assert retry(settings, job, {"config.steps": 20}) == 2
+    assert retry(settings, job, {"config.steps": 10}) == 2
     out = run_attempt(settings, job, poll_s=0.1)
     assert out.state == "SUCCEEDED"
-    assert R.run(ledger, R.run_id_for(job, 2))["resume_from"] == rows[4]["checkpoint_key"]
+    assert R.run(ledger, R.run_id_for(job, 2))["resume_from"] == rows[2]["checkpoint_key"]
     # Were the control plane's check skipped, the agent on the host refuses the forged weights too.
     from tests.unit.runtime.test_agent import agent
 
     bundle = Path(R.bundle_for(ledger, job, 2)["path"])
     proc = agent(bundle, tmp_path / "w", Path(settings.store_uri[len("file://"):]), "--attempt", "9",
-                 "--resume-from", rows[16]["uri"], "--expect-sha256", rows[16]["sha256"])
+                 "--resume-from", rows[8]["uri"], "--expect-sha256", rows[8]["sha256"])
     exit_info = json.loads((tmp_path / "w" / "artifacts" / "exit.json").read_text())
     assert proc.returncode != 0 and "CheckpointMismatch" in exit_info["reason"], exit_info
 
