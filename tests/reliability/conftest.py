@@ -26,9 +26,21 @@ from tests.security.test_cli_errors import fill, small_disk  # noqa: F401 - the 
 FAST = {"config.steps": 8, "checkpoint.every_steps": 4}
 
 
+def opened(settings: Settings) -> Settings:
+    """Settings whose ledger is created, with this process's SQLite connections re-opened.
+
+    Creating a ledger writes the people's catalog with DuckDB, whose own copy of SQLite drops
+    this process's POSIX locks on the database when it closes it (see
+    test_defect_2_ledger.py::test_the_duckdb_face_leaves_the_process_its_sqlite_locks). A
+    test process that then polls the ledger while other processes open it can die of SIGBUS;
+    new connections take their locks again, so the suite re-opens them."""
+    settings.ledger().dispose()
+    return settings
+
+
 @pytest.fixture
 def settings(orbit_home) -> Settings:
-    return Settings.from_env(orbit_home)
+    return opened(Settings.from_env(orbit_home))
 
 
 def train(settings: Settings, overrides: dict | None = None, *, experiment: str = "rel") -> str:

@@ -36,7 +36,7 @@ from orbit_dagster.storage import store_of
 from tests.conftest import kill_processes_under
 from tests.helpers import wait_for
 from tests.reliability import inject
-from tests.reliability.conftest import train
+from tests.reliability.conftest import opened, train
 
 EXPERIMENT = "evals"
 
@@ -48,7 +48,7 @@ def evaluated(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ORBIT_HOME", str(home))
         mp.setenv("ORBIT_SIM_RECLAIMS", "none")
-        settings = Settings.from_env(home)
+        settings = opened(Settings.from_env(home))
         job = train(settings, {"config.steps": 12, "checkpoint.every_steps": 4}, experiment=EXPERIMENT)
         keys = [f"{job}/a1/{s}" for s in (4, 8, 12)]
         for key in keys[:2]:

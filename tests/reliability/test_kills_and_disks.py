@@ -21,7 +21,7 @@ from orbit_dagster.storage.base import CheckpointManifest
 from orbit_dagster.storage.fs import TEMP_MAX_AGE_S, sweep_temp_dirs
 from tests.helpers import wait_for
 from tests.reliability import inject
-from tests.reliability.conftest import fill
+from tests.reliability.conftest import fill, opened
 
 
 @pytest.mark.fault("SIGKILL of the workload (agent) while it writes a checkpoint every step",
@@ -137,7 +137,7 @@ def test_a_full_disk_under_the_ledger_and_the_store_loses_nothing(small_disk, mo
     what the ledger and the store hold afterwards."""
     home = small_disk / "home"
     monkeypatch.setenv("ORBIT_HOME", str(home))
-    settings = Settings.from_env(home)
+    settings = opened(Settings.from_env(home))
     ledger = settings.ledger()
     job = submit(settings, "charlm-finetune", {"config.steps": 8})
     db = inject.sqlite_path(home)

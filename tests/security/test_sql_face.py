@@ -132,6 +132,9 @@ def test_defect_3_orbit_sql_cannot_rewrite_history_or_reach_the_machine(ledger_h
 def test_defect_3_the_real_cli_answers_a_bad_query_in_one_line(ledger_home):
     """Old code: `orbit sql ""` printed a Python traceback; `DROP VIEW jobs` printed "(no rows)", exit 0."""
     home, _ = ledger_home
+    # This process used the DuckDB face: re-open its store connections before other processes
+    # open the ledger (see tests/reliability/test_defect_2_ledger.py, the SQLite-locks defect).
+    Settings.from_env(home).ledger().dispose()
     for query in ("", "DROP VIEW jobs"):
         proc = subprocess.run([sys.executable, "-m", "orbit_dagster.cli", "sql", query],
                               env={**os.environ, "ORBIT_HOME": str(home)}, capture_output=True, text=True, timeout=300)
