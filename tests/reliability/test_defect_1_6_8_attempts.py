@@ -12,7 +12,6 @@ import pytest
 
 from orbit_dagster.cli import main
 from orbit_dagster.control.attempt import outcome_of, run_attempt
-from orbit_dagster.control.best import compute_best
 from orbit_dagster.control.providers import provider_for
 from orbit_dagster.control.reconcile import reconcile
 from orbit_dagster.control.submit import cancel, submit
@@ -94,6 +93,7 @@ UNSERVABLE = [  # (overrides a version without today's checks accepted, the fiel
 def test_defect_6_unservable_jobs_never_stay_dispatching(settings, monkeypatch, overrides, words):
     """Old code: the job moved to DISPATCHING, dispatch raised, and nothing ever moved it on:
     it stayed DISPATCHING forever (reconcile only looked at RUNNING jobs)."""
+    monkeypatch.delenv("ORBIT_SSH_HOSTS", raising=False)  # no SSH inventory: $ORBIT_HOME has none
     if "checkpoint.store" in overrides:  # configured when submitted, gone when dispatched
         monkeypatch.setenv("ORBIT_S3_CHECKPOINT_STORE", "s3://orbit-test-bucket/ckpt")
         job = submit(settings, "charlm-finetune", overrides)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -101,7 +102,7 @@ def test_defect_2_killed_writers_leave_a_consistent_ledger_and_no_leftovers(sett
     assert int(ledger.query("SELECT count(*) AS n FROM events")["n"][0]) == before + 1
 
 
-def after_power_loss(db, to) -> "Path":
+def after_power_loss(db: Path, to: Path) -> Path:
     """The ledger's files as a disk holds them after a power cut: the database and its
     write-ahead log (SQLite's shared-memory index is rebuilt by the first opener)."""
     to.mkdir()

@@ -14,8 +14,7 @@ import csv
 import io
 import json
 import math
-from datetime import datetime, timedelta, timezone
-from pathlib import Path
+from datetime import datetime, timezone
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
