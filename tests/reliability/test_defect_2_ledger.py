@@ -247,7 +247,7 @@ def posix_locks(pid: int, path) -> list[str]:
     "when that copy closes the file (write_people_catalog at Ledger.open, every face query), the kernel drops all "
     "of this process's POSIX locks on it, those of its sqlite3 connections included (locks are per process and "
     "file). The next process to open the ledger then finds no lock, rebuilds the WAL index and truncates the -shm "
-    "this process still maps: SIGBUS (it killed this suite's pytest process twice) or a corrupt database "
+    "this process still maps: SIGBUS (it killed this suite's pytest process) or a corrupt database "
     "(sqlite.org/howtocorrupt.html, 2.2)"))
 def test_the_duckdb_face_leaves_the_process_its_sqlite_locks(tmp_path):
     db = tmp_path / "l" / "ledger.sqlite"
