@@ -126,6 +126,7 @@ def run_demo(settings: Settings, *, overrides: dict | None = None, experiment: s
             old = ensure_market(settings.sim_dir, trace_dir=settings.sim_traces, scale=1.0, notice_s=120.0)
             write_market(settings.sim_dir, MarketConfig(time.time(), old.trace_offset_s, 1.0, 120.0, old.traces))
     result = summary(settings, job_id, experiment)
+    settings.ledger().query("SELECT count(*) AS jobs FROM jobs")  # the SQL face's first use writes ledger.duckdb
     result["bit_identical"] = bit_identical(settings, job_id, reference.weights())
     if scenario is not None:
         result["scenario"] = scenario

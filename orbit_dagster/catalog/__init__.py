@@ -7,6 +7,8 @@ boto3 or paramiko. Submodules: `gpus` (names, specs), `gce` and `aws` (provider 
 """
 from __future__ import annotations
 
+import math
+import re
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
@@ -35,3 +37,20 @@ def as_utc(at: datetime | None) -> datetime | None:
     if at is None:
         return None
     return at.replace(tzinfo=timezone.utc) if at.tzinfo is None else at.astimezone(timezone.utc)
+
+
+_DECIMAL = re.compile(r"^\s*\d+(\.\d*)?([eE][+-]?\d+)?\s*$")
+
+
+def price(value: object, *, where: str, field: str = "price") -> float:
+    """A price from a file or an API: a finite, non-negative decimal number, else a CatalogError
+    naming where. ('nan', 'inf', '-1', '1_0' and the like are refused, not read as prices.)"""
+    text = str(value)
+    if isinstance(value, bool) or not _DECIMAL.match(text):
+        raise CatalogError(f"{where}: {field} {text[:40]!r} is not a price", field=field, value=text[:40],
+                           fix="a non-negative decimal number of dollars, e.g. 0.9180")
+    usd = float(text)
+    if not math.isfinite(usd):
+        raise CatalogError(f"{where}: {field} {text[:40]!r} is out of range", field=field, value=text[:40],
+                           fix="a finite number of dollars")
+    return usd

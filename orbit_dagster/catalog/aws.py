@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orbit_dagster.catalog import CatalogError, as_utc, shipped_file
+from orbit_dagster.catalog import price as parse_price
 from orbit_dagster.catalog.gpus import offer_spec_fields
 from orbit_dagster.core.offers import Offer
 
@@ -243,23 +244,33 @@ class SpotPrice:
 def parse_spot_price_history(path: Path) -> list[SpotPrice]:
     """Parse tab-separated rows `az_id, instance_type, product, usd_per_hour, timestamp` (no header)."""
     out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            parts = line.rstrip("\n").split("\t")
-            if len(parts) != 5:
-                raise CatalogError(f"{Path(path).name} line {n}: {len(parts)} fields, expected 5", field="line",
-                                   value=line.strip(), fix="az_id, instance_type, product, usd_per_hour, timestamp")
-            az, itype, product, price, ts = parts
-            try:
-                when = datetime.fromisoformat(ts.replace("Z", "+00:00")).astimezone(timezone.utc)
-                usd = float(price)
-            except ValueError as e:
-                raise CatalogError(f"{Path(path).name} line {n}: {e}", field="usd_per_hour/timestamp",
-                                   value=line.strip(), fix="a decimal price and an ISO-8601 timestamp") from e
-            az_id_to_region(az)  # validate early, naming the line's value
-            out.append(SpotPrice(az, itype, product, usd, when))
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        n = raw.count(b"\n", 0, e.start) + 1
+        raise CatalogError(f"{Path(path).name} line {n} is not UTF-8 text ({e.reason})", field="line",
+                           value=n, fix="write the rows as UTF-8 text") from None
+    for n, line in enumerate(text.splitlines(keepends=True), 1):
+        if not line.strip():
+            continue
+        parts = line.rstrip("\n").split("\t")
+        if len(parts) != 5:
+            raise CatalogError(f"{Path(path).name} line {n}: {len(parts)} fields, expected 5", field="line",
+                               value=line.strip(), fix="az_id, instance_type, product, usd_per_hour, timestamp")
+        az, itype, product, price, ts = parts
+        try:
+            when = datetime.fromisoformat(ts.replace("Z", "+00:00")).astimezone(timezone.utc)
+        except ValueError as e:
+            raise CatalogError(f"{Path(path).name} line {n}: {e}", field="timestamp",
+                               value=line.strip()[:200], fix="an ISO-8601 timestamp") from None
+        usd = parse_price(price, where=f"{Path(path).name} line {n}", field="usd_per_hour")
+        try:
+            az_id_to_region(az)  # validate early, naming the line and its value
+        except CatalogError as e:
+            raise CatalogError(f"{Path(path).name} line {n}: {e}", field="az_id", value=az[:40],
+                               fix="an AWS AZ id such as use1-az2") from None
+        out.append(SpotPrice(az, itype, product, usd, when))
     return out
 
 

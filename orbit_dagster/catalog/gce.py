@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orbit_dagster.catalog import CatalogError, as_utc, shipped_file
+from orbit_dagster.catalog import price as parse_price
 from orbit_dagster.catalog.aws import reliability_from_rate, reliability_prior
 from orbit_dagster.catalog.gpus import normalise_gpu_name, offer_spec_fields
 from orbit_dagster.core.offers import Offer
@@ -70,8 +71,8 @@ def parse_time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(timezone.utc)
 
 
-def _num(text: str | None) -> float | None:
-    return float(text) if text not in (None, "") else None
+def _num(text: str | None, *, where: str = "", field: str = "number") -> float | None:
+    return parse_price(text, where=where, field=field) if text not in (None, "") else None
 
 
 def _open_text(path: Path) -> io.TextIOBase:
@@ -93,10 +94,17 @@ def read_price_changes(path: Path) -> list[PriceChange]:
             if r["event"] not in ("first", "change", "removed"):
                 raise CatalogError(f"{Path(path).name} line {n}: unknown event {r['event']!r}", field="event",
                                    value=r["event"], fix="first, change or removed")
-            out.append(PriceChange(parse_time(r[TIME_COLUMN]), r["instance_type"],
-                                   gce_gpu(r["instance_type"], r["gpu_model"]), _num(r["gpu_count"]),
-                                   _num(r["vcpus"]), _num(r["ram_gb"]), r["region"], _num(r["hour"]),
-                                   _num(r["hour_spot"]), r["event"]))
+            where = f"{Path(path).name} line {n}"
+            try:
+                when = parse_time(r[TIME_COLUMN] or "")
+            except ValueError:
+                raise CatalogError(f"{where}: {TIME_COLUMN} {str(r[TIME_COLUMN])[:40]!r} is not an ISO-8601 time",
+                                   field=TIME_COLUMN, value=str(r[TIME_COLUMN])[:40],
+                                   fix="e.g. 2024-05-01T00:00:00+00:00") from None
+            nums = {k: _num(r[k], where=where, field=k) for k in ("gpu_count", "vcpus", "ram_gb", "hour", "hour_spot")}
+            out.append(PriceChange(when, r["instance_type"], gce_gpu(r["instance_type"], r["gpu_model"]),
+                                   nums["gpu_count"], nums["vcpus"], nums["ram_gb"], r["region"], nums["hour"],
+                                   nums["hour_spot"], r["event"]))
     return sorted(out, key=lambda c: (c.time, c.instance_type, c.region))
 
 

@@ -71,6 +71,17 @@ def _fail(path: str, field: str, value: object, fix: str) -> TraceFormatError:
     return TraceFormatError(f"trace {path}: field {field!r} = {shown} is invalid", field=field, value=value, fix=fix)
 
 
+MAX_NODES = 100_000
+
+
+def _finite(x: int | float) -> bool:
+    """A finite number that a float holds (a JSON integer can be larger than any float)."""
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
+
+
 def trace_from_dict(obj: Any, *, name: str, source: str | None = None) -> Trace:
     """Validate a decoded trace document; every error names the file, the field and the fix."""
     src = source or name
@@ -80,13 +91,14 @@ def trace_from_dict(obj: Any, *, name: str, source: str | None = None) -> Trace:
     if not isinstance(meta, dict):
         raise _fail(src, "metadata", meta, "'metadata' must be an object such as {\"gap_seconds\": 32}")
     gap = meta.get("gap_seconds", obj.get("gap_seconds"))
-    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not math.isfinite(gap) or gap <= 0:
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not _finite(gap) or gap <= 0:
         raise _fail(src, "metadata.gap_seconds", gap, "set metadata.gap_seconds to the tick length in seconds (> 0)")
     data = obj.get("data")
     if not isinstance(data, list) or not data:
         raise _fail(src, "data", data, "'data' must be a non-empty list of availability values (0/1 or node counts)")
     for i, v in enumerate(data):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v) or v < 0 or v != int(v) \
+                or v > MAX_NODES:
             raise _fail(src, f"data[{i}]", v, "availability values are non-negative integers (0/1, or node counts)")
     values = tuple(int(v) for v in data)
     prices = obj.get("prices")
@@ -95,7 +107,7 @@ def trace_from_dict(obj: Any, *, name: str, source: str | None = None) -> Trace:
             n = len(prices) if isinstance(prices, list) else type(prices).__name__
             raise _fail(src, "prices", n, f"'prices' must be a list of {len(values)} $/h values, one per tick of 'data'")
         for i, p in enumerate(prices):
-            if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or p < 0:
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not _finite(p) or p < 0:
                 raise _fail(src, f"prices[{i}]", p, "prices are non-negative $/h numbers")
         prices = tuple(float(p) for p in prices)
     kind: TraceKind
@@ -117,7 +129,7 @@ def load_trace(path: str | Path) -> Trace:
                                fix="pass the path of a spot-trace JSON file")
     try:
         obj = json.loads(p.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as err:
         raise TraceFormatError(f"trace {p} is not valid JSON ({err})", field="<document>", value=str(p),
                                fix="pass a spot-trace JSON file (skypilot-org/spot-traces format)") from err
     return trace_from_dict(obj, name=p.stem, source=str(p))

@@ -8,6 +8,7 @@ running workload rather than launching it again.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,6 +26,32 @@ from .dispatch import dispatch
 from .settings import Settings
 
 FINAL_RUN_STATES = {"SUCCEEDED", "FAILED", "LOST", "CANCELLED"}
+MAX_STEP = 2**62  # a step count a database integer holds
+
+
+def _step(ev: dict) -> int:
+    step = ev["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        raise ValueError(f"step {str(step)[:40]!r} is not a step count")
+    return step
+
+
+def _number(value: object) -> float | None:
+    """A finite metric value, or None (a NaN is the workload's divergence, reported by its exit)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        v = float(value)
+    except OverflowError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _when(ev: dict) -> datetime:
+    ts = ev.get("ts")
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool) and _number(ts) is not None and 0 < ts < 4e9:
+        return as_datetime(ts)
+    return utcnow()
 
 
 @dataclass
@@ -86,41 +113,53 @@ class AttemptMonitor:
         ckpt_rows: list[dict] = []
         notes: list[dict] = []
         for ev in events:
-            kind = ev.get("type")
-            if kind == "checkpoint":
-                row = self._checkpoint(ev, notes)
-                if row is not None:
-                    ckpt_rows.append(row)
-            elif kind == "metrics":
-                for name, value in (ev.get("values") or {}).items():
-                    try:
-                        self._metric(int(ev["step"]), name, float(value), ev)
-                    except (TypeError, ValueError):
-                        continue
-                self._progress(int(ev["step"]), ev)
-            elif kind == "progress":
-                self._progress(int(ev["step"]), ev)
-            elif kind == "exit":
-                self.exit_event = ev
-            elif kind in ("started", "notice", "probe", "resumed"):
-                detail = {k: v for k, v in ev.items() if k not in ("type", "seq")}
-                notes.append(R.event(f"host_{kind}", job_id=self.job_id, run_id=self.run_id,
-                                     instance_id=self.handle.instance.instance_id, **detail))
+            try:
+                self._on_event(ev, ckpt_rows, notes)
+            except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+                # A host (or its workload, which can write events) sent a malformed line: it is
+                # recorded and skipped; it never stops the run that follows the attempt.
+                notes.append(R.event("event_rejected", job_id=self.job_id, run_id=self.run_id,
+                                     reason=f"{type(exc).__name__}: {exc}"[:500], line=str(ev)[:500]))
         new = C.register(self.ledger, ckpt_rows, eval_suite=self.eval_suite, events=notes) if (ckpt_rows or notes) else []
         self.registered |= {r["checkpoint_key"] for r in ckpt_rows}
         if new:
             self.new_checkpoints += [r["checkpoint_key"] for r in new]
             self.reporter.checkpoints(new)
 
+    def _on_event(self, ev: dict, ckpt_rows: list[dict], notes: list[dict]) -> None:
+        kind = ev.get("type")
+        if kind == "checkpoint":
+            row = self._checkpoint(ev, notes)
+            if row is not None:
+                ckpt_rows.append(row)
+        elif kind == "metrics":
+            step = _step(ev)
+            values = ev.get("values") or {}
+            if not isinstance(values, dict):
+                raise TypeError(f"metrics values are {type(values).__name__}, not a mapping")
+            for name, value in values.items():
+                v = _number(value)
+                if v is not None and isinstance(name, str) and 0 < len(name) <= 200:
+                    self._metric(step, name, v, ev)
+            self._progress(step, ev)
+        elif kind == "progress":
+            self._progress(_step(ev), ev)
+        elif kind == "exit":
+            self.exit_event = ev
+        elif kind in ("started", "notice", "probe", "resumed"):
+            detail = {k: v for k, v in ev.items() if k not in ("type", "seq")}
+            notes.append(R.event(f"host_{kind}", job_id=self.job_id, run_id=self.run_id,
+                                 instance_id=self.handle.instance.instance_id, **detail))
+
     def _progress(self, step: int, ev: dict) -> None:
         if self.last_step is None or step >= self.last_step:
             self.last_step = step
-            self.last_progress = as_datetime(ev["ts"]) if ev.get("ts") else utcnow()
+            self.last_progress = _when(ev)
 
     def _metric(self, step: int, name: str, value: float, ev: dict) -> None:
         self.metric_rows.append({
             "job_id": self.job_id, "experiment": self.experiment, "run_id": self.run_id, "step": step, "name": name,
-            "value": value, "source": "train", "ts": as_datetime(ev["ts"]) if ev.get("ts") else utcnow(),
+            "value": value, "source": "train", "ts": _when(ev),
         })
 
     def flush_metrics(self) -> None:

@@ -57,21 +57,28 @@ def claim(ledger: Ledger, checkpoint_key: str, suite: str, *, dagster_run_id: st
                      [checkpoint_key, suite])
         if row is not None and row["state"] in ("SUCCEEDED", "RUNNING"):
             return EvalClaim(ckpt, suite, int(row["tries"] or 0), already=row)
-        if ckpt["deleted_at"] is not None:
+        deleted = ckpt["deleted_at"] is not None
+        if deleted:  # recorded (the transaction commits), refused below: nothing is rented
             _set_state(tx, checkpoint_key, suite, ckpt, "SKIPPED", reason="the checkpoint was deleted before evaluation")
-            raise CheckpointIntegrityError(f"checkpoint {checkpoint_key} was deleted ({ckpt['deleted_reason']}); "
-                                           "it is not evaluated", field="checkpoint", value=checkpoint_key,
-                                           fix="evaluate a live checkpoint (`orbit status JOB`)")
-        tries = int(row["tries"] or 0) + 1 if row else 1
-        now = utcnow()
-        if row is None:
-            tx.insert("evaluations", [{"checkpoint_key": checkpoint_key, "suite": suite, "job_id": ckpt["job_id"],
-                                       "experiment": ckpt["experiment"], "state": "RUNNING", "tries": tries,
-                                       "dagster_run_id": dagster_run_id, "requested_at": now, "started_at": now}])
         else:
-            tx.execute("""UPDATE evaluations SET state = 'RUNNING', tries = ?, dagster_run_id = ?, started_at = ?,
-                          reason = NULL WHERE checkpoint_key = ? AND suite = ?""",
-                       [tries, dagster_run_id, now, checkpoint_key, suite])
+            return _take(tx, ckpt, row, checkpoint_key, suite, dagster_run_id)
+    raise CheckpointIntegrityError(f"checkpoint {checkpoint_key} was deleted ({ckpt['deleted_reason']}); it is not "
+                                   "evaluated", field="checkpoint", value=checkpoint_key,
+                                   fix="evaluate a live checkpoint (`orbit status JOB`)")
+
+
+def _take(tx, ckpt: dict, row: dict | None, checkpoint_key: str, suite: str, dagster_run_id: str | None) -> EvalClaim:
+    """The claim itself, in the caller's transaction."""
+    tries = int(row["tries"] or 0) + 1 if row else 1
+    now = utcnow()
+    if row is None:
+        tx.insert("evaluations", [{"checkpoint_key": checkpoint_key, "suite": suite, "job_id": ckpt["job_id"],
+                                   "experiment": ckpt["experiment"], "state": "RUNNING", "tries": tries,
+                                   "dagster_run_id": dagster_run_id, "requested_at": now, "started_at": now}])
+    else:
+        tx.execute("""UPDATE evaluations SET state = 'RUNNING', tries = ?, dagster_run_id = ?, started_at = ?,
+                      reason = NULL WHERE checkpoint_key = ? AND suite = ?""",
+                   [tries, dagster_run_id, now, checkpoint_key, suite])
     return EvalClaim(ckpt, suite, tries)
 
 
@@ -96,6 +103,13 @@ def give_back(ledger: Ledger, checkpoint_key: str, suite: str, *, tries: int, re
     return state
 
 
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an integer beyond any float
+        return False
+
+
 def valid_metrics(metrics: object) -> dict[str, float]:
     """An evaluation's output: a non-empty mapping of metric names to finite numbers."""
     if not isinstance(metrics, dict) or not metrics:
@@ -106,7 +120,7 @@ def valid_metrics(metrics: object) -> dict[str, float]:
         if not isinstance(name, str) or not name or len(name) > 200:
             raise OrbitError(f"metric name {str(name)[:80]!r} is not valid", field="metrics", value=str(name)[:80],
                              fix="names are non-empty strings of at most 200 characters")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
             raise OrbitError(f"metric {name!r} = {str(value)[:80]!r} is not a finite number", field=f"metrics.{name}",
                              value=str(value)[:80], fix="report finite numbers only")
         out[name] = float(value)

@@ -11,6 +11,12 @@ Three doors, one set of names (the tables of `schema.py` and its views):
   by itself).
 DuckDB reads the store without indexes, so the control plane's own hot questions go to
 the store (`store.py`); this face is for analysis, where a scan is what one wants.
+
+A SQLite store is read by DuckDB in a process of its own (`_Worker`), never in a process
+that holds the store open through Python's sqlite3: DuckDB's sqlite extension carries its
+own copy of SQLite, and when that copy closes the file the kernel drops every POSIX lock
+the process holds on it, those of Python's connections included (locks belong to a process
+and a file), after which another process may rebuild the WAL index under them.
 """
 from __future__ import annotations
 
@@ -165,15 +171,89 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> str:
     return sql
 
 
-def face_query(ledger: "Ledger", sql: str):
-    """Run one read-only SELECT through the face; a pandas DataFrame."""
-    con = _connection(ledger)
+def _run(con: duckdb.DuckDBPyConnection, sql: str):
     check_read_only(con, sql)
     try:
         return con.execute(sql).df()
     except duckdb.Error as exc:
         raise OrbitError(f"query failed: {str(exc).splitlines()[0]}", field="QUERY", value=sql[:200],
                          fix="list tables and views with: SELECT table_name FROM information_schema.tables") from None
+
+
+def _serve(url: str, home: str | None, pipe) -> None:
+    """The worker process: one locked DuckDB connection, one query at a time from the pipe."""
+    from .store import Ledger
+
+    ledger = Ledger(url, home=Path(home) if home else None)
+    write_people_catalog(ledger)
+    con = locked_connection(ledger)
+    ledger.dispose()  # this process keeps no sqlite3 connection to the store
+    pipe.send(("ready", None))
+    while True:
+        try:
+            sql = pipe.recv()
+        except EOFError:
+            return
+        try:
+            pipe.send(("ok", _run(con, sql)))
+        except OrbitError as exc:
+            pipe.send(("refused", (type(exc).__name__, str(exc), exc.field, exc.value, exc.fix)))
+        except Exception as exc:  # noqa: BLE001 - reported to the asking process, which raises it
+            pipe.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class _Worker:
+    """A DuckDB process for one SQLite ledger, started on first use, reused by the next queries."""
+
+    _workers: dict[tuple[int, str], "_Worker"] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, ledger: "Ledger"):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")  # a fresh interpreter: nothing of this process's SQLite in it
+        self.pipe, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(ledger.url, str(ledger.home) if ledger.home else None, child),
+                                daemon=True, name="orbit-ledger-face")
+        self.proc.start()
+        child.close()
+        self._call_lock = threading.Lock()
+        kind, _ = self.pipe.recv()
+        if kind != "ready":
+            raise OrbitError("the ledger's SQL face did not start", fix="see the error above")
+
+    @classmethod
+    def for_ledger(cls, ledger: "Ledger") -> "_Worker":
+        import os
+
+        key = (os.getpid(), ledger.url)
+        with cls._lock:
+            worker = cls._workers.get(key)
+            if worker is None or not worker.proc.is_alive():
+                worker = cls._workers[key] = cls(ledger)
+            return worker
+
+    def query(self, sql: str):
+        with self._call_lock:
+            self.pipe.send(sql)
+            kind, payload = self.pipe.recv()
+        if kind == "ok":
+            return payload
+        if kind == "refused":
+            name, message, field, value, fix = payload
+            error = SqlRefused if name == "SqlRefused" else OrbitError
+            exc = error.__new__(error)
+            Exception.__init__(exc, message)
+            exc.field, exc.value, exc.fix = field, value, fix
+            raise exc
+        raise OrbitError(f"the ledger's SQL face failed: {payload}", fix="see the message; the store is untouched")
+
+
+def face_query(ledger: "Ledger", sql: str):
+    """Run one read-only SELECT through the face; a pandas DataFrame."""
+    if ledger.dialect == "sqlite":
+        return _Worker.for_ledger(ledger).query(sql)
+    return _run(_connection(ledger), sql)
 
 
 def write_people_catalog(ledger: "Ledger") -> bool:

@@ -210,12 +210,9 @@ class Ledger:
         with cls._open_lock:
             if key not in cls._open:
                 ledger = cls(url, home=home)
-                from .face import write_people_catalog
-                from .migrations import LATEST, migrate
+                from .migrations import migrate
 
-                before = migrate(ledger)
-                if ledger.path is not None and (before < LATEST or not ledger.path.with_name("ledger.duckdb").exists()):
-                    write_people_catalog(ledger)
+                migrate(ledger)  # ledger.duckdb (the views for people) is written by the SQL face's process
                 cls._open[key] = ledger
             return cls._open[key]
 

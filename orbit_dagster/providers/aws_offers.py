@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import urlparse
 
-from ..catalog import as_utc
+from ..catalog import as_utc, price
 from ..catalog.aws import AWS_GPU_FAMILIES, SpotPrice, aws_offers, is_gpu_instance_type
 from ..core.execution import Resources
 from ..core.offers import Offer
@@ -91,7 +91,8 @@ class AwsCatalog:
         for row in self.api.pages("describe_spot_price_history", "SpotPriceHistory", InstanceTypes=types,
                                   ProductDescriptions=PRODUCTS, StartTime=start):
             zone_id = row.get("AvailabilityZoneId") or zone_ids.get(row.get("AvailabilityZone", ""))
-            itype, ts, usd = row["InstanceType"], as_utc(row["Timestamp"]), float(row["SpotPrice"])
+            itype, ts = row["InstanceType"], as_utc(row["Timestamp"])
+            usd = price(row.get("SpotPrice"), where=f"describe_spot_price_history {itype}", field="SpotPrice")
             offer_id = f"aws:{itype}:{zone_id}"
             if not zone_id or (wanted is not None and offer_id not in wanted
                                and f"aws:{itype}:{self.region}" not in wanted):

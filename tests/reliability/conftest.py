@@ -27,13 +27,7 @@ FAST = {"config.steps": 8, "checkpoint.every_steps": 4}
 
 
 def opened(settings: Settings) -> Settings:
-    """Settings whose ledger is created, with this process's SQLite connections re-opened.
-
-    Creating a ledger writes the people's catalog with DuckDB, whose own copy of SQLite drops
-    this process's POSIX locks on the database when it closes it (see
-    test_defect_2_ledger.py::test_the_duckdb_face_leaves_the_process_its_sqlite_locks). A
-    test process that then polls the ledger while other processes open it can die of SIGBUS;
-    new connections take their locks again, so the suite re-opens them."""
+    """Settings whose ledger is created (and migrated) before a test starts other processes."""
     settings.ledger().dispose()
     return settings
 

@@ -150,7 +150,7 @@ def test_defect_6_a_dispatch_whose_run_died_or_overran_is_ended_and_retried(sett
                  deadline_at=time.time() - 1)  # its run still claims to follow it, but too late
 
     report = reconcile(settings, followed=lambda job_id, attempt: job_id == late)
-    assert sorted(report.abandoned) == sorted([killed, late])
+    assert sorted(d.job_id for d in report.decisions if d.action == "abandon_dispatch") == sorted([killed, late])
     rental = ledger.one("SELECT * FROM instances WHERE job_id = ?", [killed])
     assert rental["stopped_at"] is not None and rental["billed_usd"] > 0 and rental["stop_reason"]
     assert not provider_for(settings, "sim_host_process").instance_alive(InstanceHandle.model_validate_json(rental["handle"]))

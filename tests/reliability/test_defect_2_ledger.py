@@ -242,13 +242,6 @@ def posix_locks(pid: int, path) -> list[str]:
                    "then another process opens the ledger",
                    expect="the first keeps its SQLite locks (the WAL index is not rebuilt under it)")
 @pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="reads the kernel's lock table (/proc/locks, Linux)")
-@pytest.mark.xfail(strict=True, reason=(
-    "ledger/face.py + ledger/store.py::Ledger.open: DuckDB reads the SQLite store through its own copy of SQLite; "
-    "when that copy closes the file (write_people_catalog at Ledger.open, every face query), the kernel drops all "
-    "of this process's POSIX locks on it, those of its sqlite3 connections included (locks are per process and "
-    "file). The next process to open the ledger then finds no lock, rebuilds the WAL index and truncates the -shm "
-    "this process still maps: SIGBUS (it killed this suite's pytest process) or a corrupt database "
-    "(sqlite.org/howtocorrupt.html, 2.2)"))
 def test_the_duckdb_face_leaves_the_process_its_sqlite_locks(tmp_path):
     db = tmp_path / "l" / "ledger.sqlite"
     log = tmp_path / "holder.log"

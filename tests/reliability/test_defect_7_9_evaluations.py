@@ -128,7 +128,7 @@ def test_defect_7_an_evaluation_whose_run_died_is_requested_again(in_home, tmp_p
     assert (claim["state"], claim["tries"], claim["dagster_run_id"]) == ("RUNNING", 1, "run-killed")
 
     given_back = reconcile_evaluations(settings, run_alive=lambda run_id: run_id != "run-killed")
-    assert given_back == [f"{key} ({suite}): its run ended without finishing it"]
+    assert given_back == [f"{key} ({suite}): its run ended without finishing it; now PENDING"]
     assert_released_and_billed(settings, eval_instances(ledger, key, suite))
     row = ledger.one("SELECT * FROM evaluations WHERE checkpoint_key = ? AND suite = ?", [key, suite])
     assert (row["state"], row["tries"]) == ("PENDING", 1)
@@ -298,9 +298,6 @@ def test_defect_7_evaluating_a_deleted_checkpoint_rents_nothing(in_home):
 
 @pytest.mark.fault("defect 7 (found here): evaluate_checkpoint of a deleted checkpoint",
                    expect="the request recorded SKIPPED at once, as claim() intends")
-@pytest.mark.xfail(strict=True, reason="control/evaluate.py::claim writes SKIPPED for a deleted checkpoint inside its "
-                                       "write transaction and then raises, so the transaction is rolled back and the "
-                                       "SKIPPED row never lands (only reconcile_evaluations skips it later)")
 def test_defect_7_a_refused_deleted_checkpoint_is_recorded_skipped(in_home):
     settings, job, keys, _ = in_home
     ledger = settings.ledger()

@@ -95,11 +95,6 @@ run_attempt(Settings.from_env(sys.argv[1]), sys.argv[2], dagster_run_id="worker-
 @pytest.mark.fault("SIGKILL of the run worker following an attempt, while it registers checkpoints; "
                    "a new run re-attaches",
                    expect="the attempt finishes; each checkpoint and metric once; one instance, billed once")
-@pytest.mark.xfail(strict=True, raises=sqlalchemy.exc.IntegrityError, reason=(
-    "control/attempt.py::AttemptMonitor re-reads a re-attached attempt's events from offset 0 and flush_metrics "
-    "re-inserts the metric points the killed run already committed; ledger/schema.py declares metric_points "
-    "on_conflict='append' (plain INSERT) beside UNIQUE(run_id, source, name, step), so the re-attached run dies "
-    "with IntegrityError at its first flush: every re-attach fails and the attempt is never followed to its end"))
 def test_sigkill_of_the_run_worker_mid_follow_then_reattach(settings, orbit_home, tmp_path):
     """The stand-in for a Dagster run worker (or the daemon that launched it) killed mid-write:
     the process that follows the attempt and writes its checkpoints and metrics to the ledger."""
@@ -115,7 +110,7 @@ def test_sigkill_of_the_run_worker_mid_follow_then_reattach(settings, orbit_home
     assert inject.integrity(inject.sqlite_path(orbit_home)) == "ok"
 
     report = reconcile(settings, followed=lambda *_: False)
-    assert report.reattach == [{"job_id": job, "attempt": 1}]
+    assert [(d.job_id, d.attempt) for d in report.reattach] == [(job, 1)]
     out = run_attempt(settings, job, poll_s=0.1)  # what the interruption sensor's re-attach run does
     assert out.reattached and out.state == "SUCCEEDED"
     keys = [r["checkpoint_key"] for r in ledger.rows("SELECT checkpoint_key FROM checkpoints WHERE job_id = ?", [job])]

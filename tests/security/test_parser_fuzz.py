@@ -67,11 +67,6 @@ def assert_trace_or_refusal(build) -> None:
 
 @pytest.mark.fault("hypothesis: spot trace files (JSON documents, raw bytes)",
                    expect="a valid Trace or TraceFormatError naming the field")
-@pytest.mark.xfail(strict=True, reason=(
-    "catalog/traces.py::trace_from_dict/load_trace: data values Infinity/NaN (JSON literals json.loads accepts) "
-    "raise OverflowError/ValueError from int(v); an integer gap_seconds beyond float range raises OverflowError "
-    "from math.isfinite; a deeply nested document raises RecursionError (only JSONDecodeError/UnicodeDecodeError "
-    "are caught)"))
 @FUZZ
 @given(doc=trace_docs(hostile), raw=st.binary(max_size=200))
 @example(doc={"metadata": {"gap_seconds": 32}, "data": [math.inf]}, raw=b"{}")
@@ -122,10 +117,6 @@ def check_spot_rows(rows: list[SpotPrice]) -> None:
 
 @pytest.mark.fault("hypothesis: an operator's spot price file (aws_spot_prices.tsv: az, type, product, $/h, time)",
                    expect="rows with real, non-negative prices, or CatalogError naming the line")
-@pytest.mark.xfail(strict=True, reason=(
-    "catalog/aws.py::parse_spot_price_history accepts 'nan', 'inf', negative prices and '1_0' (read as 10) "
-    "silently, and a file that is not UTF-8 raises UnicodeDecodeError; control/providers.py reads this file "
-    "for every AWS provider it builds"))
 @FUZZ
 @given(lines=spot_lines(), tail=st.binary(max_size=20))
 @example(lines=[["use1-az2", "p3.2xlarge", "Linux/UNIX", "nan", "2022-05-31T00:00:00Z"]], tail=b"")
@@ -153,9 +144,6 @@ def gce_rows():
 
 @pytest.mark.fault("hypothesis: GCE price change points (the catalog's CSV)",
                    expect="rows with real, non-negative prices and UTC times, or CatalogError naming the line")
-@pytest.mark.xfail(strict=True, reason=(
-    "catalog/gce.py::read_price_changes: a bad time or number raises ValueError from datetime.fromisoformat/"
-    "float (not a CatalogError naming the line), and 'nan', 'inf' and negative prices are accepted silently"))
 @FUZZ
 @given(rows=gce_rows())
 @example(rows=[{"snapshot_commit_time_utc": "yesterday", "instance_type": "a3-highgpu-8g", "gpu_model": "h100",
@@ -210,10 +198,6 @@ def ec2_rows():
 
 @pytest.mark.fault("hypothesis: EC2 spot price history rows (SpotPrice strings) read by the AWS catalog's price feed",
                    expect="ticks with real, non-negative prices, or a ProviderError")
-@pytest.mark.xfail(strict=True, reason=(
-    "providers/aws_offers.py::AwsCatalog.price_feed: float(row['SpotPrice']) raises ValueError on a price EC2 "
-    "(or an endpoint posing as it) sends malformed, and accepts 'nan', 'inf' and negative prices, which then "
-    "price offers"))
 @FUZZ
 @given(rows=ec2_rows())
 @example(rows=[{"InstanceType": "p3.2xlarge", "Timestamp": datetime(2024, 1, 1, tzinfo=timezone.utc),
@@ -252,9 +236,6 @@ def check_metrics(reported, out: dict) -> None:
 
 @pytest.mark.fault("hypothesis: evaluation outputs given to valid_metrics (the control plane's check)",
                    expect="finite metrics exactly as reported, or OrbitError naming the metric")
-@pytest.mark.xfail(strict=True, reason=(
-    "control/evaluate.py::valid_metrics: an integer metric beyond float range (e.g. 10**400, which an eval "
-    "script can emit as JSON) raises OverflowError from float(value) instead of an OrbitError"))
 @FUZZ
 @given(metrics=metric_maps)
 @example(metrics={"eval/loss": HUGE})
@@ -310,12 +291,6 @@ host_events = st.lists(st.dictionaries(
 @pytest.mark.fault("hypothesis: event lines a rented host writes (metrics, progress, checkpoints) read by the "
                    "run that follows the attempt",
                    expect="bad lines are skipped or recorded; the run never dies of them; no NaN stored")
-@pytest.mark.xfail(strict=True, reason=(
-    "control/attempt.py::AttemptMonitor._on_events: int(ev['step']) is unguarded for metrics/progress/checkpoint "
-    "events ('x' -> ValueError, missing -> KeyError), `values` that is not a mapping -> AttributeError, a 'ts' "
-    "that is not a number -> ValueError, a NaN metric value is stored (SQLite keeps it as NULL), and a step "
-    "beyond 64 bits makes flush_metrics raise OverflowError: one bad line from a host (or its workload, which can write events) "
-    "kills the run following the attempt, and every re-attach dies on the same line"))
 @SLOW_FUZZ
 @given(events=host_events)
 @example(events=[{"type": "metrics", "step": "x", "values": {"train/loss": 1.0}}])

@@ -141,6 +141,7 @@ def test_a_home_of_the_parquet_ledger_is_refused_with_the_fix(tmp_path):
 def test_catalog_file_is_usable_by_a_person_with_duckdb(tmp_path):
     ledger = Ledger.open(url(tmp_path))
     ledger.append("events", R.event("hello", job_id="j"))
+    assert list(ledger.query("SELECT kind FROM events")["kind"]) == ["hello"]  # the face writes ledger.duckdb
     con = duckdb.connect(str(tmp_path / "l" / "ledger.duckdb"), read_only=True)
     assert con.execute("SELECT kind FROM events").fetchall() == [("hello",)]
     assert con.execute("SELECT count(*) FROM cost_by_job").fetchone() == (0,)
