@@ -302,10 +302,19 @@ def finish(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHa
                   checkpoints=attempt_checkpoints(ledger, run_id), lost=final is JobState.LOST,
                   last_progress=monitor.last_progress, reason=f"attempt ended: {final.value}")
     reason = "migrated to a safer offer" if failure_class == "migration" else status.reason
-    R.transition(ledger, job_id, final, attempt=attempt, reason=reason, failure_class=failure_class,
-                 detail={"exit_code": status.exit_code, "last_step": monitor.last_step},
-                 then=lambda tx: R.run_state(tx, run_id, final.value, exit_code=status.exit_code,
-                                             failure_class=failure_class, reason=status.reason))
+    moved = R.transition(ledger, job_id, final, attempt=attempt, reason=reason, failure_class=failure_class,
+                         detail={"exit_code": status.exit_code, "last_step": monitor.last_step},
+                         only_from=frozenset({JobState.DISPATCHING, JobState.RUNNING}),
+                         then=lambda tx: R.run_state(tx, run_id, final.value, exit_code=status.exit_code,
+                                                     failure_class=failure_class, reason=status.reason))
+    if not moved:  # (already in `final` for this attempt: a retried finish, carry on)
+        # Someone else ended this attempt while its workload was stopping (a person's cancel
+        # is the usual one): their state stands, and nothing is recovered or retried.
+        job = R.require_job(ledger, job_id)
+        if int(job["attempt"]) != attempt or job["state"] != final.value:
+            return AttemptOutcome(job_id, attempt, run_id, job["state"], job["failure_class"], job["reason"] or "",
+                                  status.exit_code, handle.instance.instance_id, monitor.new_checkpoints,
+                                  monitor.last_step, usd, reattached, already_ended=True)
     outcome = AttemptOutcome(job_id, attempt, run_id, final.value, failure_class, status.reason, status.exit_code,
                              handle.instance.instance_id, monitor.new_checkpoints, monitor.last_step, usd, reattached)
     from .recovery import after_failure, recover_lost  # local: recovery imports this module
