@@ -182,6 +182,17 @@ def _sqlite_engine(path: Path) -> sa.Engine:
     return engine
 
 
+def _postgres_engine(url: str) -> sa.Engine:
+    import psycopg
+
+    # Client-side binding (psycopg's ClientCursor, as psycopg2 and SQLite do it): the shared
+    # SQL passes parameters whose type only the value tells, e.g. `? IS NULL OR col = ?`;
+    # with server-side binding PostgreSQL refuses those ("could not determine data type of
+    # parameter"). Values are still escaped by the driver, never pasted in by us.
+    return sa.create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=8,
+                            connect_args={"cursor_factory": psycopg.ClientCursor})
+
+
 class Ledger:
     """The ledger: one database, reached by URL (`sqlite:///...` or `postgresql+psycopg://...`)."""
 
@@ -197,7 +208,7 @@ class Ledger:
             self.engine = _sqlite_engine(self.path)
         elif self.dialect == "postgresql":
             self.path = None
-            self.engine = sa.create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=8)
+            self.engine = _postgres_engine(url)
         else:
             raise LedgerError(f"unsupported ledger database {self.dialect!r}", field="ORBIT_LEDGER_URL", value=url,
                               fix="use sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB")
@@ -212,7 +223,16 @@ class Ledger:
                 from .face import write_people_catalog
                 from .migrations import LATEST, migrate
 
-                before = migrate(ledger)
+                if ledger.dialect == "postgresql":
+                    from .postgres import ensure_database, unreachable
+
+                    ensure_database(url)  # a team's first use makes the database
+                    try:
+                        before = migrate(ledger)
+                    except sa.exc.OperationalError as exc:
+                        raise unreachable(url, exc) from None
+                else:
+                    before = migrate(ledger)
                 if ledger.path is not None and (before < LATEST or not ledger.path.with_name("ledger.duckdb").exists()):
                     write_people_catalog(ledger)
                 cls._open[key] = ledger
