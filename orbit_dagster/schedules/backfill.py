@@ -9,6 +9,7 @@ import dagster as dg
 
 from ..control.evaluate import pending_evaluations
 from ..jobs import eval_job
+from ..profiles import job_pools, pool_tags
 from ..resources import OrbitResource
 from ..sensors.evaluations import eval_request
 
@@ -20,7 +21,9 @@ BACKFILL_BATCH = 200
              description="Evaluates every checkpoint that has no result for its suite yet.")
 def eval_backfill_schedule(context: dg.ScheduleEvaluationContext, orbit: OrbitResource):
     day = context.scheduled_execution_time.strftime("%Y-%m-%d")
-    rows = pending_evaluations(orbit.settings().ledger(), BACKFILL_BATCH)
+    ledger = orbit.settings().ledger()
+    rows = pending_evaluations(ledger, BACKFILL_BATCH)
     if not rows:
         return dg.SkipReason("every checkpoint has its evaluation")
-    return [eval_request(r, **{"orbit/backfill": day}) for r in rows]
+    pools = job_pools(ledger, [r["job_id"] for r in rows])
+    return [eval_request(r, **{"orbit/backfill": day}, **pool_tags(pools.get(r["job_id"]), "eval")) for r in rows]

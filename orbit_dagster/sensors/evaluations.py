@@ -10,6 +10,7 @@ import dagster as dg
 from ..assets.partitions import CHECKPOINTS, checkpoints_partitions
 from ..control.evaluate import eval_run_key, pending_evaluations, reconcile_evaluations
 from ..jobs import eval_job
+from ..profiles import job_pools, pool_tags
 from ..resources import OrbitResource
 
 BATCH = 50  # sensors time out at 60 s; partition-key validation of many requests counts
@@ -43,7 +44,8 @@ def checkpoint_evaluation_sensor(context: dg.SensorEvaluationContext, orbit: Orb
     rows = pending_evaluations(settings.ledger(), BATCH)
     known = set(context.instance.get_dynamic_partitions(CHECKPOINTS))
     new = sorted({r["checkpoint_key"] for r in rows} - known)
+    pools = job_pools(settings.ledger(), [r["job_id"] for r in rows])
     return dg.SensorResult(
-        run_requests=[eval_request(r) for r in rows],
+        run_requests=[eval_request(r, **pool_tags(pools.get(r["job_id"]), "eval")) for r in rows],
         dynamic_partitions_requests=[checkpoints_partitions.build_add_request(new)] if new else [],
     )

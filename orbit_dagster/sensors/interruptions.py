@@ -4,6 +4,7 @@ import dagster as dg
 
 from ..control.reconcile import reconcile
 from ..jobs import train_job
+from ..profiles import job_pools, pool_tags
 from ..resources import OrbitResource
 
 IN_PROGRESS = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
@@ -26,10 +27,12 @@ def spot_interruption_sensor(context: dg.SensorEvaluationContext, orbit: OrbitRe
     report = reconcile(orbit.settings(), followed=_followed(context.instance))
     for line in report.lines():
         context.log.info(line)
+    pools = job_pools(orbit.settings().ledger(), [r["job_id"] for r in report.reattach])
     for r in report.reattach:
         # A fresh key per tick is safe: run_attempt re-attaches, it never launches twice.
         yield dg.RunRequest(run_key=f"{r['job_id']}:attempt-{r['attempt']}:reattach-{context.cursor or 0}",
-                            partition_key=r["job_id"], tags={"orbit/job": r["job_id"], "orbit/reattach": "1"})
+                            partition_key=r["job_id"], tags={"orbit/job": r["job_id"], "orbit/reattach": "1",
+                                                             **pool_tags(pools.get(r["job_id"]), "train")})
     if report.reattach:
         context.update_cursor(str(int(context.cursor or 0) + 1))
     if not report.actions:

@@ -12,6 +12,7 @@ import dagster as dg
 from ..assets.partitions import JOBS, jobs_partitions
 from ..control.queue import fail_undispatched, queued_jobs
 from ..jobs import train_job
+from ..profiles import job_pools, pool_tags
 from ..resources import OrbitResource
 
 MAX_RUNS_PER_ATTEMPT = 3
@@ -35,6 +36,7 @@ def job_queue_sensor(context: dg.SensorEvaluationContext, orbit: OrbitResource) 
     known = set(context.instance.get_dynamic_partitions(JOBS))
     new = sorted({r["job_id"] for r in rows} - known)
     requests = []
+    pools = job_pools(settings.ledger(), [r["job_id"] for r in rows])
     for r in rows:
         ended = ended_runs(context.instance, r["job_id"], int(r["attempt"]))
         if ended < 0:
@@ -46,7 +48,7 @@ def job_queue_sensor(context: dg.SensorEvaluationContext, orbit: OrbitResource) 
             run_key=f"{r['job_id']}:attempt-{r['attempt']}" + (f":retry-{ended}" if ended else ""),
             partition_key=r["job_id"],
             tags={"orbit/job": r["job_id"], "orbit/attempt": str(r["attempt"]), "orbit/experiment": r["experiment"],
-                  "orbit/kind": "train"},
+                  "orbit/kind": "train", **pool_tags(pools.get(r["job_id"]), "train")},
         ))
     return dg.SensorResult(
         run_requests=requests,
