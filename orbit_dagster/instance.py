@@ -146,8 +146,7 @@ def wait_for_daemon(settings: Settings, *, timeout_s: float = 120.0, say: Callab
         fresh = {k for k, age in daemon_heartbeats(settings).items() if age < 10.0}
         if set(NEEDED_DAEMONS) <= fresh:
             waited = time.time() - start
-            if said:
-                say(f"daemon up after {waited:.0f} s: {', '.join(sorted(NEEDED_DAEMONS.values()))} ticking")
+            say(f"daemon up after {waited:.0f} s: {', '.join(sorted(NEEDED_DAEMONS.values()))} ticking")
             return waited
         if not said:
             say("waiting for the Dagster daemon's first heartbeat (it loads the code location first, "

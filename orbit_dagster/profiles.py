@@ -199,6 +199,9 @@ def render_dagster_yaml(profile: Profile) -> str:
             f"      port: {pg.port}",
             f"      username: {pg.user}",
             f"      db_name: {pg.dagster_database}",
+            "      # dagster-postgres's driver: SQLAlchemy 2.1 would otherwise pick psycopg 3, whose",
+            "      # server-side parameters break dagster's `NOTIFY run_events, %s`.",
+            "      scheme: postgresql+psycopg2",
         ]
     else:
         lines += ["# Storage: SQLite files in this directory (Dagster's default)."]

@@ -39,7 +39,11 @@ TICK_NOISE = re.compile(
     r"|Collected \d+ runs? for monitoring|Checking run [0-9a-f-]+"
     r"|Retrieved \d+ queued runs?|Poll(?:ing)? for new runs"
     r"|No backfill jobs|No (?:new )?asset backfills"
+    r"|Priority sorting and checking tag concurrency limits|Skipping \d+ runs? for sensor"
     r")"
+    # Runs' DEBUG events (step starts, resources, captured logs): each run's page in the UI
+    # has them; their INFO lines and anything worse stay here.
+    r"| - dagster - DEBUG - "
 )
 
 

@@ -111,8 +111,9 @@ TABLES: dict[str, TableSpec] = {t.name: t for t in [
     _table("metric_points", col("id", ID, primary_key=True, autoincrement=True), col("job_id"), col("experiment"),
            col("run_id"), col("checkpoint_key"), col("suite"), col("step", I), col("name"), col("value", F),
            col("source"), col("ts", F),
-           sa.UniqueConstraint("run_id", "source", "name", "step", name="uq_metric_points_key"),
-           key=("id",), on_conflict="append",
+           # A follower that re-attaches reads the host's events again: the same point is
+           # ignored. (The same constraint, uq_metric_points_key, as before: no migration.)
+           key=("run_id", "source", "name", "step"), on_conflict="ignore",
            indexes=(("job_id", "name", "step"), ("experiment", "source", "name", "value"), ("checkpoint_key",))),
     _table("events", col("event_id", primary_key=True), col("ts", F), col("kind"), col("job_id"), col("run_id"),
            col("instance_id"), col("checkpoint_key"), col("detail"),

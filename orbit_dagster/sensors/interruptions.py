@@ -1,5 +1,7 @@
 """Spot interruptions: notices and liveness of active instances; LOST jobs get a new attempt."""
 
+import time
+
 import dagster as dg
 
 from ..control.reconcile import reconcile
@@ -7,6 +9,8 @@ from ..jobs import train_job
 from ..profiles import job_pools, pool_tags
 from ..resources import OrbitResource
 
+# How long a crashed run's pending retry holds off a re-attach (the retry daemon polls in seconds).
+RETRY_GRACE_S = 300
 IN_PROGRESS = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
                dg.DagsterRunStatus.STARTED]
 
@@ -16,7 +20,16 @@ def _followed(instance: dg.DagsterInstance):
         runs = instance.get_run_records(
             dg.RunsFilter(statuses=IN_PROGRESS, tags={"dagster/partition": job_id}), limit=1
         )
-        return bool(runs)
+        if runs:
+            return True
+        # A run worker that crashed, which Dagster's run retries (the team profile) will run
+        # again: that retry re-attaches, so a second follower is not requested meanwhile.
+        failed = instance.get_run_records(
+            dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE],
+                          tags={"dagster/partition": job_id, "dagster/will_retry": "true"}), limit=5
+        )
+        return any("dagster/auto_retry_run_id" not in r.dagster_run.tags and r.end_time
+                   and time.time() - r.end_time < RETRY_GRACE_S for r in failed)
 
     return followed
 

@@ -126,6 +126,12 @@ def test_transitions_views_and_the_duckdb_face(postgres):
         with pytest.raises(SqlRefused):
             ledger.query(statement)
     assert R.job(ledger, "j")["state"] == "DISPATCHING"
+    # A follower that re-attaches re-reads the host's events: a metric point it already wrote is ignored.
+    point = {"job_id": "j", "run_id": "j#1", "source": "train", "name": "train/loss", "step": 1, "value": 4.3,
+             "ts": time.time()}
+    assert ledger.commit({"metric_points": [point]}) == 1
+    assert ledger.commit({"metric_points": [point, {**point, "step": 2}]}) == 1
+    assert ledger.scalar("SELECT count(*) FROM metric_points") == 2
 
 
 def test_the_face_never_hands_duckdb_a_password():
@@ -171,7 +177,8 @@ def test_team_profile_puts_dagster_and_the_ledger_on_postgres_and_one_setting_sw
     assert home == orbit_home / "dagster-team"
     cfg = yaml.safe_load((home / "dagster.yaml").read_text())
     assert cfg["storage"]["postgres"]["postgres_db"] == {"hostname": "127.0.0.1", "port": postgres.port,
-                                                          "username": "orbit", "db_name": f"{name}_dagster"}
+                                                          "username": "orbit", "db_name": f"{name}_dagster",
+                                                          "scheme": "postgresql+psycopg2"}
     assert cfg["run_retries"] == {"enabled": True, "max_retries": 1, "retry_on_asset_or_op_failure": False}
     with dagster_instance(settings) as instance:
         assert type(instance.run_storage).__name__ == "PostgresRunStorage"
