@@ -28,10 +28,10 @@ from orbit_dagster.resources import OrbitResource
 from tests.helpers import wait_for
 from tests.postgres import postgres, team_profile  # noqa: F401 - fixtures
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 JOBS = 20
 RECLAIMS = 3
-POOL_LIMIT, TRAIN_LIMIT = 4, 3  # ORBIT_POOLS sim=4: trainings leave one slot to evaluations
+POOL_LIMIT, TRAIN_LIMIT = 6, 5  # ORBIT_POOLS sim=6: trainings leave one slot to evaluations
 # Short jobs: one durable checkpoint at the end (plus an emergency one when reclaimed), so
 # one evaluation each; long enough (~10 s of steps) to be reclaimed mid-training.
 OVERRIDES = {"config.steps": 240, "config.micro_batch": 4, "config.grad_accum": 1,
@@ -79,17 +79,22 @@ def test_twenty_jobs_on_postgres_with_the_daemon(team_profile, orbit_home, monke
         jobs = [submit(settings, "charlm-finetune", OVERRIDES, experiment=f"scale-{i % 4}") for i in range(JOBS)]
         submitted = time.time()
         say(f"{JOBS} jobs submitted")
-        reclaimed = inject_reclaims(ledger, provider, jobs)
-        say(f"reclaims injected into {sorted(reclaimed)}")
+        reclaimed: set[str] = set()
+        last_said = [0.0]
 
         def finished() -> bool:
+            inject_reclaims(ledger, provider, reclaimed)
             rows = ledger.rows("SELECT state, count(*) AS n FROM jobs GROUP BY state")
             pending = ledger.scalar("SELECT count(*) FROM evaluations WHERE state IN ('PENDING', 'RUNNING')")
-            say(f"jobs {dict((r['state'], r['n']) for r in rows)}; evaluations pending {pending}")
+            if time.time() - last_said[0] > 15:
+                say(f"jobs {dict((r['state'], r['n']) for r in rows)}; evaluations pending {pending}; "
+                    f"reclaimed {len(reclaimed)}")
+                last_said[0] = time.time()
             done = sum(r["n"] for r in rows if r["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"))
             return done == JOBS and pending == 0
 
-        wait_for(finished, timeout=720, every=10, what=f"{JOBS} jobs and their evaluations")
+        # ~5 minutes on an idle 2-core machine; more when it is shared.
+        wait_for(finished, timeout=1500, every=1, what=f"{JOBS} jobs and their evaluations")
         wall = time.time() - submitted
         with dagster_instance(settings) as instance:
             wait_for(lambda: not in_progress(instance, jobs), timeout=120, every=2, what="the last runs to end")
@@ -134,6 +139,7 @@ def test_twenty_jobs_on_postgres_with_the_daemon(team_profile, orbit_home, monke
 
     # The reclaims recovered: each reclaimed job lost attempt 1 to the reclaim and attempt 2
     # resumed from attempt 1's emergency checkpoint.
+    assert len(reclaimed) == RECLAIMS
     for job in reclaimed:
         attempts = ledger.rows("SELECT attempt, state, failure_class, resume_from FROM runs WHERE job_id = ? "
                                "ORDER BY attempt", [job])
@@ -157,27 +163,26 @@ def test_twenty_jobs_on_postgres_with_the_daemon(team_profile, orbit_home, monke
         assert by_id[row["dagster_run_id"]].tags["orbit/checkpoint"] == row["checkpoint_key"]
 
     say(f"wall {wall:.0f} s after submission ({time.time() - started:.0f} s with daemon start-up); "
-        f"runs {len(runs)}; most at once: {runs_peak} runs, {trains_peak} trainings, {most_at_once(hosts)} hosts")
+        f"runs {len(runs)} ({sum('orbit/reattach' in r.tags for r in runs)} re-attaches, "
+        f"{sum('dagster/parent_run_id' in r.tags for r in runs)} retries); most at once: {runs_peak} runs, "
+        f"{trains_peak} trainings, {most_at_once(hosts)} hosts")
     for name, secs in sorted(ticks.items()):
         say(f"sensor {name}: {len(secs)} ticks, median {statistics.median(secs):.2f} s, max {max(secs):.2f} s")
 
 
-def inject_reclaims(ledger, provider, jobs) -> set[str]:
-    """Reclaim the hosts of the first RECLAIMS jobs seen training past step 40 (2 s notice)."""
-    reclaimed: set[str] = set()
-
-    def pick() -> bool:
-        for row in ledger.rows(
-                """SELECT r.job_id, r.handle FROM runs r WHERE r.state = 'RUNNING' AND r.attempt = 1
-                   AND (SELECT max(step) FROM metric_points m WHERE m.run_id = r.run_id) >= 40"""):
-            if row["job_id"] not in reclaimed and len(reclaimed) < RECLAIMS:
-                provider.inject_reclaim(RunHandle.model_validate_json(row["handle"]).instance, in_seconds=3,
-                                        notice_seconds=2)
-                reclaimed.add(row["job_id"])
-        return len(reclaimed) >= RECLAIMS
-
-    wait_for(pick, timeout=300, every=0.5, what=f"{RECLAIMS} jobs training past step 40")
-    return reclaimed
+def inject_reclaims(ledger, provider, reclaimed: set[str]) -> None:
+    """Reclaim (2 s notice, the market operator's override) the host of each job seen training
+    its first attempt past step 40, until RECLAIMS jobs have been."""
+    if len(reclaimed) >= RECLAIMS:
+        return
+    for row in ledger.rows(
+            """SELECT r.job_id, r.handle FROM runs r WHERE r.state = 'RUNNING' AND r.attempt = 1
+               AND (SELECT max(step) FROM metric_points m WHERE m.run_id = r.run_id) >= 40"""):
+        if row["job_id"] not in reclaimed and len(reclaimed) < RECLAIMS:
+            provider.inject_reclaim(RunHandle.model_validate_json(row["handle"]).instance, in_seconds=3,
+                                    notice_seconds=2)
+            reclaimed.add(row["job_id"])
+            say(f"reclaim injected into {row['job_id']}")
 
 
 def in_progress(instance, jobs) -> int:
