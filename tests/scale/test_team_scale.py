@@ -28,7 +28,7 @@ from orbit_dagster.resources import OrbitResource
 from tests.helpers import wait_for
 from tests.postgres import postgres, team_profile  # noqa: F401 - fixtures
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 JOBS = 20
 RECLAIMS = 3
 POOL_LIMIT, TRAIN_LIMIT = 6, 5  # ORBIT_POOLS sim=6: trainings leave one slot to evaluations
@@ -93,8 +93,8 @@ def test_twenty_jobs_on_postgres_with_the_daemon(team_profile, orbit_home, monke
             done = sum(r["n"] for r in rows if r["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"))
             return done == JOBS and pending == 0
 
-        # ~5 minutes on an idle 2-core machine; more when it is shared.
-        wait_for(finished, timeout=1500, every=1, what=f"{JOBS} jobs and their evaluations")
+        # Minutes on an idle 2-core machine; much longer on one shared with other work.
+        wait_for(finished, timeout=3000, every=1, what=f"{JOBS} jobs and their evaluations")
         wall = time.time() - submitted
         with dagster_instance(settings) as instance:
             wait_for(lambda: not in_progress(instance, jobs), timeout=120, every=2, what="the last runs to end")
