@@ -7,7 +7,6 @@ the traceback in $ORBIT_HOME/logs/cli-errors.log.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -336,23 +335,83 @@ def demo(as_json: bool, sets: tuple[str, ...], no_reclaims: bool) -> None:
 
 @cli.command()
 def daemon() -> None:
-    """Run the Dagster daemon (sensors, queue) for $ORBIT_HOME in the foreground."""
-    from .instance import environment
+    """Run the Dagster daemon (sensors, run queue, monitoring) for the active profile, in the foreground.
 
-    env = environment(_settings())
-    exe = str(Path(sys.executable).with_name("dagster-daemon"))
-    os.execve(exe, [exe, "run", "-m", "orbit_dagster.definitions"], env)
+    Its log goes to stdout without colour codes or per-tick lines; SIGTERM or Ctrl-C stops it."""
+    from .instance import environment, prepare_instance, wait_for_daemon, workspace_file
+    from .profile_report import headline
+    from .services import Child, daemon_argv, say, supervise
+
+    settings = _settings()
+    prepare_instance(settings)
+    env = environment(settings)
+    workspace = workspace_file(settings)
+    say(headline(settings) + f"; workspace {workspace}")
+    child = Child("dagster-daemon", daemon_argv(workspace), sys.stdout)
+    sys.exit(supervise([child], env, say, ready=lambda: _report(wait_for_daemon, settings, say=say)))
 
 
 @cli.command()
 @click.option("--port", default=3000, show_default=True)
-def ui(port: int) -> None:
-    """The Dagster UI (with its daemon) on 127.0.0.1 only."""
-    from .instance import environment
+@click.option("--no-daemon", is_flag=True, help="the webserver only (a daemon runs elsewhere, e.g. its own service)")
+def ui(port: int, no_daemon: bool) -> None:
+    """The Dagster UI on 127.0.0.1 only, with a daemon unless one is running; SIGTERM or Ctrl-C stops both."""
+    from .instance import daemon_alive, dagster_home, environment, prepare_instance, wait_for_daemon, workspace_file
+    from .profile_report import headline
+    from .services import Child, daemon_argv, say, supervise, wait_for_http, webserver_argv
 
-    env = environment(_settings())
-    exe = str(Path(sys.executable).with_name("dagster"))
-    os.execve(exe, [exe, "dev", "-h", "127.0.0.1", "-p", str(port), "-m", "orbit_dagster.definitions"], env)
+    settings = _settings()
+    prepare_instance(settings)
+    env = environment(settings)
+    workspace = workspace_file(settings)
+    say(headline(settings) + f"; workspace {workspace}")
+    children = [Child("dagster-webserver", webserver_argv(workspace, "127.0.0.1", port), sys.stdout)]
+    with_daemon = not no_daemon and not daemon_alive(settings)
+    if with_daemon:
+        log = dagster_home(settings) / "daemon.log"
+        say(f"starting a daemon too (log: {log})")
+        children.append(Child("dagster-daemon", daemon_argv(workspace), open(log, "a")))
+    elif not no_daemon:
+        say("a daemon is already heartbeating for this instance: not starting another")
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> None:
+        say(f"waiting for the webserver to load the code location and answer on {url}")
+        waited = wait_for_http(url + "/server_info", 180)
+        say(f"UI ready at {url} after {waited:.0f} s" if waited is not None else f"{url} did not answer in 180 s")
+        if with_daemon:
+            _report(wait_for_daemon, settings, say=say)
+
+    sys.exit(supervise(children, env, say, ready=ready))
+
+
+def _report(fn, *args, say, **kw) -> None:
+    """Run a readiness wait in the supervisor's thread: its failure is a line, not a traceback."""
+    try:
+        fn(*args, say=say, **kw)
+    except OrbitError as exc:
+        say(f"error: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a status thread: the services keep running
+        say(f"error while waiting ({type(exc).__name__}): {_one_line(str(exc))[:300]}")
+
+
+@cli.command()
+@click.option("--config", "show_config", is_flag=True, help="print the dagster.yaml the profile would write now")
+@click.option("--json", "as_json", is_flag=True)
+def profile(show_config: bool, as_json: bool) -> None:
+    """The deployment profile in use (ORBIT_PROFILE): Dagster home, storage, ledger, pools, daemon.
+
+    Creates what is missing (the Dagster home, dagster.yaml, the team's databases); never
+    rewrites an existing dagster.yaml."""
+    from .instance import profile as active_profile
+    from .profile_report import describe, format_report
+
+    settings = _settings()
+    if show_config:
+        click.echo(active_profile(settings).dagster_yaml(), nl=False)
+        return
+    report = describe(settings)
+    click.echo(json.dumps(report, sort_keys=True) if as_json else format_report(report))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -134,13 +134,11 @@ def run_demo(settings: Settings, *, overrides: dict | None = None, experiment: s
 
 
 def wait_for_daemon(settings: Settings, timeout_s: float = 120.0) -> None:
-    """The market clock restarts only once the daemon's sensors are ticking."""
-    deadline = time.time() + timeout_s
-    while not daemon_alive(settings, max_age_s=10.0):
-        if time.time() > deadline:
-            raise OrbitError("the Dagster daemon did not start within 2 minutes",
-                             fix=f"see {settings.home / 'dagster' / 'daemon.log'}")
-        time.sleep(1.0)
+    """The market clock restarts only once the daemon's sensors are ticking (saying so meanwhile)."""
+    from .instance import wait_for_daemon as wait
+    from .services import say
+
+    wait(settings, timeout_s=timeout_s, say=say)
 
 
 class ReferenceRun:

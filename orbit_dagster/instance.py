@@ -1,63 +1,96 @@
-"""The local Dagster instance orbit uses: `$ORBIT_HOME/dagster`, its daemon, its settings."""
+"""The Dagster instance orbit uses: its home, its `dagster.yaml`, its workspace, its state.
+
+The home is `$ORBIT_HOME/dagster` for the `embedded` profile and `$ORBIT_HOME/dagster-team`
+for `team` (profiles.py), so each profile keeps its own `dagster.yaml` and switching is one
+setting. orbit writes a `dagster.yaml` only where there is none: after that it is the
+operator's file, and orbit never overwrites it (`orbit profile` says when it differs from
+what the profile would write now). The processes that serve the instance (daemon,
+webserver) are in `services.py`.
+"""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from .control.settings import Settings
+from .profiles import DEFAULT_POOLS, Profile
 
 if TYPE_CHECKING:
     from dagster import DagsterInstance
 
-DAGSTER_YAML = """\
-# Written by orbit. The UI opens without the first-visit modal and sends no telemetry.
-telemetry:
-  enabled: false
-nux:
-  enabled: false
-run_coordinator:
-  module: dagster.core.run_coordinator
-  class: QueuedRunCoordinator
-  config:
-    max_concurrent_runs: {max_runs}
-    dequeue_interval_seconds: 1
-    # Launch queued runs in parallel: a run's process takes seconds to start.
-    dequeue_use_threads: true
-    dequeue_num_workers: 4
-    tag_concurrency_limits:
-      - key: orbit/kind
-        value: eval
-        limit: {max_evals}
-run_monitoring:
-  enabled: true
-  poll_interval_seconds: 5
-sensors:
-  use_threads: true
-  num_workers: 4
-schedules:
-  use_threads: true
-  num_workers: 2
+CHECKOUT_WORKSPACE = Path(__file__).resolve().parents[1] / "workspace.yaml"
+WORKSPACE_YAML = """\
+# The code location orbit's webserver and daemon load (`orbit ui`, `orbit daemon`, `make ui`).
+# The location keeps the name `-m orbit_dagster.definitions` gave it, so sensor state and
+# run history carry over.
+load_from:
+  - python_module:
+      module_name: orbit_dagster.definitions
+      location_name: orbit_dagster.definitions
 """
 
 
+def _ssh_gpus(settings: Settings) -> int | None:
+    """GPUs in the SSH inventory: that provider's quota of concurrent work."""
+    if not settings.ssh_hosts.is_file():
+        return None
+    try:
+        from .providers.ssh_inventory import load_inventory
+
+        return sum(h.gpus.count for h in load_inventory(settings.ssh_hosts).hosts) or None
+    except Exception:  # a broken inventory is reported where it is used, not here
+        return None
+
+
+def profile(settings: Settings) -> Profile:
+    """The deployment profile the environment selects (ORBIT_PROFILE, ORBIT_POOLS, ORBIT_POSTGRES_URL)."""
+    defaults = dict(DEFAULT_POOLS)
+    gpus = _ssh_gpus(settings)
+    if gpus:
+        defaults["ssh_rental"] = gpus
+    return Profile.from_env(defaults)
+
+
 def dagster_home(settings: Settings) -> Path:
-    return settings.home / "dagster"
+    return settings.home / profile(settings).dagster_dir
 
 
-def ensure_dagster_home(settings: Settings, *, max_runs: int = 4, max_evals: int = 2) -> Path:
-    home = dagster_home(settings)
+def ensure_dagster_home(settings: Settings) -> Path:
+    """The profile's Dagster home, with a `dagster.yaml` written if (and only if) it has none.
+
+    For `team`, the two PostgreSQL databases are made on first use when the role may."""
+    prof = profile(settings)
+    home = settings.home / prof.dagster_dir
     home.mkdir(parents=True, exist_ok=True)
+    if prof.postgres is not None:
+        from .ledger.postgres import ensure_database
+
+        ensure_database(prof.postgres.url(prof.postgres.dagster_database), field="ORBIT_POSTGRES_URL")
+        ensure_database(prof.postgres.ledger_url, field="ORBIT_POSTGRES_URL")
     cfg = home / "dagster.yaml"
-    text = DAGSTER_YAML.format(max_runs=max_runs, max_evals=max_evals)
-    if not cfg.exists() or cfg.read_text() != text:
-        cfg.write_text(text)
+    if not cfg.exists():
+        # Written whole then renamed: two processes starting at once never see half a file.
+        tmp = cfg.with_name(f".dagster.yaml.{os.getpid()}")
+        tmp.write_text(prof.dagster_yaml())
+        os.replace(tmp, cfg)
     return home
+
+
+def workspace_file(settings: Settings) -> Path:
+    """The workspace the webserver and daemon load: $ORBIT_WORKSPACE, else the checkout's
+    top-level `workspace.yaml`, else one written beside `dagster.yaml` (an installed package)."""
+    explicit = os.environ.get("ORBIT_WORKSPACE")
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    if CHECKOUT_WORKSPACE.is_file():
+        return CHECKOUT_WORKSPACE
+    path = ensure_dagster_home(settings) / "workspace.yaml"
+    if not path.exists():
+        path.write_text(WORKSPACE_YAML)
+    return path
 
 
 def environment(settings: Settings) -> dict[str, str]:
@@ -67,27 +100,63 @@ def environment(settings: Settings) -> dict[str, str]:
     return env
 
 
-def _default_signals() -> None:
-    # A daemon started from a shell's background job inherits SIGINT/SIGTERM ignored and
-    # then cannot be stopped politely; give it the default handlers back.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 @contextmanager
 def dagster_instance(settings: Settings) -> Iterator["DagsterInstance"]:
-    """The persistent Dagster instance under `$ORBIT_HOME/dagster`."""
+    """The persistent Dagster instance of the active profile."""
     from dagster import DagsterInstance
 
     with DagsterInstance.from_config(str(ensure_dagster_home(settings))) as instance:
         yield instance
 
 
-def daemon_alive(settings: Settings, max_age_s: float = 30.0) -> bool:
-    """True if a daemon has sent heartbeats to this instance recently."""
+def prepare_instance(settings: Settings) -> Path:
+    """Open the instance once, before its processes start: a new storage's tables are then made
+    by one process (several making a new SQLite storage at once can corrupt its migration
+    table). Returns the Dagster home."""
+    with dagster_instance(settings) as instance:
+        instance.get_daemon_heartbeats()
+    return dagster_home(settings)
+
+
+def daemon_heartbeats(settings: Settings) -> dict[str, float]:
+    """Seconds since each daemon (sensors, run queue, monitoring, ...) last sent a heartbeat."""
     with dagster_instance(settings) as instance:
         now = time.time()
-        return any(now - hb.timestamp < max_age_s for hb in instance.get_daemon_heartbeats().values())
+        return {kind: now - hb.timestamp for kind, hb in instance.get_daemon_heartbeats().items()}
+
+
+def daemon_alive(settings: Settings, max_age_s: float = 30.0) -> bool:
+    """True if a daemon has sent heartbeats to this instance recently."""
+    return any(age < max_age_s for age in daemon_heartbeats(settings).values())
+
+
+# The daemons orbit needs before a submission can move: sensors launch, the queue dequeues.
+NEEDED_DAEMONS = {"SENSOR": "sensors", "QUEUED_RUN_COORDINATOR": "run queue"}
+
+
+def wait_for_daemon(settings: Settings, *, timeout_s: float = 120.0, say: Callable[[str], None] | None = None,
+                    log: Path | None = None) -> float:
+    """Wait until the sensor and run-queue daemons heartbeat; say what is being waited for."""
+    from .core.errors import OrbitError
+
+    say = say or (lambda _line: None)
+    start = time.time()
+    said = False
+    while True:
+        fresh = {k for k, age in daemon_heartbeats(settings).items() if age < 10.0}
+        if set(NEEDED_DAEMONS) <= fresh:
+            waited = time.time() - start
+            say(f"daemon up after {waited:.0f} s: {', '.join(sorted(NEEDED_DAEMONS.values()))} ticking")
+            return waited
+        if not said:
+            say("waiting for the Dagster daemon's first heartbeat (it loads the code location first, "
+                "~10-20 s here); jobs stay QUEUED until then")
+            said = True
+        if time.time() - start > timeout_s:
+            where = log or dagster_home(settings) / "daemon.log"
+            raise OrbitError(f"the Dagster daemon did not heartbeat within {timeout_s:.0f} s",
+                             field="daemon", value=sorted(fresh), fix=f"see {where}")
+        time.sleep(1.0)
 
 
 def in_progress_runs(settings: Settings) -> int:
@@ -114,36 +183,8 @@ def wait_until_idle(settings: Settings, *, quiet_s: float = 12.0, timeout_s: flo
     return False
 
 
-class Daemon:
-    """`dagster-daemon run` for orbit's code location, in a session of its own."""
+# The processes live in services.py; imported last, for callers that take them from here.
+from .services import Daemon, Webserver  # noqa: E402
 
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> "Daemon":
-        env = environment(self.settings)
-        log = open(Path(env["DAGSTER_HOME"]) / "daemon.log", "ab")
-        exe = Path(sys.executable).with_name("dagster-daemon")
-        argv = [str(exe), "run", "-m", "orbit_dagster.definitions"]
-        self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, preexec_fn=_default_signals)
-        return self
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
-
-    def __enter__(self) -> "Daemon":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+__all__ = ["Daemon", "Webserver", "dagster_home", "dagster_instance", "daemon_alive", "ensure_dagster_home",
+           "environment", "prepare_instance", "profile", "wait_for_daemon", "wait_until_idle", "workspace_file"]

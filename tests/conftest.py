@@ -39,6 +39,9 @@ def orbit_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("ORBIT_SIM_RECLAIMS", "none")
     for var in ("ORBIT_SIM_TRACES", "ORBIT_SIM_SCALE", "ORBIT_SIM_NOTICE_SECONDS"):
         monkeypatch.delenv(var, raising=False)
+    # The embedded profile unless a test asks for another (tests/postgres.py: team_profile).
+    for var in ("ORBIT_PROFILE", "ORBIT_POSTGRES_URL", "ORBIT_POOLS", "ORBIT_WORKSPACE"):
+        monkeypatch.delenv(var, raising=False)
     yield home
     kill_processes_under(home)
 

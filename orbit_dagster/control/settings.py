@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..core.errors import OrbitError
 from ..ledger import Ledger
+from ..profiles import profile_ledger_url
 
 
 def _words(text: str | None) -> tuple[str, ...]:
@@ -92,7 +93,8 @@ class Settings:
             aws_boot_timeout_s=_seconds("ORBIT_AWS_BOOT_TIMEOUT_S", 600.0),
             aws_terminate_grace_s=_seconds("ORBIT_AWS_TERMINATE_GRACE_S", 60.0),
             migration_window_s=float(os.environ.get("ORBIT_MIGRATION_WINDOW_S", 600)),
-            ledger_url_setting=os.environ.get("ORBIT_LEDGER_URL") or None,
+            # ORBIT_LEDGER_URL wins; else the deployment profile's (team: its PostgreSQL).
+            ledger_url_setting=os.environ.get("ORBIT_LEDGER_URL") or profile_ledger_url(),
         )
 
     @property

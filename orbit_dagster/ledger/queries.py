@@ -28,18 +28,21 @@ def open_ledger(home: str | Path | None = None) -> Ledger:
 
 def status(ledger: Ledger, job_id: str | None = None) -> pd.DataFrame:
     where, params = ("WHERE j.job_id = ?", [job_id]) if job_id else ("", [])
-    return ledger.frame(
+    frame = ledger.frame(
         f"""
         SELECT j.job_id, j.experiment, j.state, j.attempt, j.failure_class, j.reason,
                (SELECT count(*) FROM checkpoints c WHERE c.job_id = j.job_id AND c.deleted_at IS NULL) AS checkpoints,
                (SELECT max(step) FROM checkpoints c WHERE c.job_id = j.job_id) AS last_step,
                (SELECT count(*) FROM evaluations e WHERE e.job_id = j.job_id AND e.state = 'SUCCEEDED') AS evaluations,
-               (SELECT round(coalesce(sum(usd), 0), 6) FROM costs k WHERE k.job_id = j.job_id) AS usd,
+               (SELECT coalesce(sum(usd), 0) FROM costs k WHERE k.job_id = j.job_id) AS usd,
                CASE WHEN j.imported = 1 THEN 'imported' ELSE j.template END AS source,
                j.created_at
         FROM jobs j {where} ORDER BY j.created_at, j.job_id""",
         params,
     )
+    # Rounded here, not in SQL: PostgreSQL has no round(double precision, int).
+    frame["usd"] = frame["usd"].astype(float).round(6)
+    return frame
 
 
 def checkpoints(ledger: Ledger, job_id: str) -> pd.DataFrame:

@@ -183,6 +183,17 @@ def _sqlite_engine(path: Path) -> sa.Engine:
     return engine
 
 
+def _postgres_engine(url: str) -> sa.Engine:
+    import psycopg
+
+    # Client-side binding (psycopg's ClientCursor, as psycopg2 and SQLite do it): the shared
+    # SQL passes parameters whose type only the value tells, e.g. `? IS NULL OR col = ?`;
+    # with server-side binding PostgreSQL refuses those ("could not determine data type of
+    # parameter"). Values are still escaped by the driver, never pasted in by us.
+    return sa.create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=8,
+                            connect_args={"cursor_factory": psycopg.ClientCursor})
+
+
 class Ledger:
     """The ledger: one database, reached by URL (`sqlite:///...` or `postgresql+psycopg://...`)."""
 
@@ -198,7 +209,7 @@ class Ledger:
             self.engine = _sqlite_engine(self.path)
         elif self.dialect == "postgresql":
             self.path = None
-            self.engine = sa.create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=8)
+            self.engine = _postgres_engine(url)
         else:
             raise LedgerError(f"unsupported ledger database {self.dialect!r}", field="ORBIT_LEDGER_URL", value=url,
                               fix="use sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB")
@@ -212,7 +223,16 @@ class Ledger:
                 ledger = cls(url, home=home)
                 from .migrations import migrate
 
-                migrate(ledger)  # ledger.duckdb (the views for people) is written by the SQL face's process
+                if ledger.dialect == "postgresql":
+                    from .postgres import ensure_database, unreachable
+
+                    ensure_database(url)  # a team's first use makes the database
+                    try:
+                        migrate(ledger)
+                    except sa.exc.OperationalError as exc:
+                        raise unreachable(url, exc) from None
+                else:
+                    migrate(ledger)  # ledger.duckdb (the views for people) is written by the SQL face's process
                 cls._open[key] = ledger
             return cls._open[key]
 

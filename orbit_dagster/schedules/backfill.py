@@ -11,13 +11,14 @@ import dagster as dg
 
 from ..assets.partitions import checkpoint_partition_requests, partition_of
 from ..control.backfill import plan_backfill
+from ..profiles import job_pools, pool_tags
 from ..resources import OrbitResource
 
 EVALUATION = dg.AssetKey("evaluation")
 INTERVAL_S = 6 * 3600
 
 
-def backfill_request(context, suite: str, keys: list[str]) -> dg.RunRequest:
+def backfill_request(context, suite: str, placement: str, keys: list[str]) -> dg.RunRequest:
     # Dagster builds a backfill from an asset-partition subset only through this constructor
     # (what its own automation uses); there is no other public way to launch one from code.
     from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
@@ -26,7 +27,8 @@ def backfill_request(context, suite: str, keys: list[str]) -> dg.RunRequest:
     subset = AssetGraphSubset.from_asset_partition_set(
         {AssetKeyPartitionKey(EVALUATION, str(partition_of(k))) for k in keys}, context.repository_def.asset_graph)
     return dg.RunRequest.for_asset_graph_subset(subset, tags={"orbit/suite": suite, "orbit/kind": "eval",
-                                                              "orbit/backfill": "scheduled"})
+                                                              "orbit/backfill": "scheduled",
+                                                              **pool_tags(placement, "eval")})
 
 
 @dg.sensor(minimum_interval_seconds=INTERVAL_S, default_status=dg.DefaultSensorStatus.RUNNING,
@@ -38,5 +40,12 @@ def eval_backfill_sensor(context: dg.SensorEvaluationContext, orbit: OrbitResour
     if not planned:
         return dg.SensorResult(skip_reason="every live checkpoint has its current suite's evaluation")
     keys = [k for ks in planned.values() for k in ks]
-    return dg.SensorResult(run_requests=[backfill_request(context, suite, ks) for suite, ks in sorted(planned.items())],
+    # One backfill per suite and provider, so that its runs carry their provider's pool tag.
+    placements = job_pools(orbit.settings().ledger(), [k.split("/", 1)[0] for k in keys])
+    groups: dict[tuple[str, str], list[str]] = {}
+    for suite, ks in planned.items():
+        for k in ks:
+            groups.setdefault((suite, placements.get(k.split("/", 1)[0]) or "sim"), []).append(k)
+    return dg.SensorResult(run_requests=[backfill_request(context, suite, placement, ks)
+                                         for (suite, placement), ks in sorted(groups.items())],
                            dynamic_partitions_requests=checkpoint_partition_requests(context.instance, keys))

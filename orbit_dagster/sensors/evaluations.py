@@ -12,6 +12,7 @@ from ..control.evaluate import eval_run_key, pending_evaluations, skip_deleted, 
 from ..jobs import eval_job
 from ..ops.rental import abandoned_eval_request, rental_job
 from ..ops.runs import IN_PROGRESS
+from ..profiles import pool_tags
 from ..resources import OrbitResource
 
 BATCH = 50  # sensors time out at 60 s; partition-key validation of many requests counts
@@ -33,7 +34,8 @@ def eval_request(row: dict, **tags: str) -> dg.RunRequest:
                          job_name="eval_job", partition_key=partition_of(row["checkpoint_key"]),
                          tags={"orbit/job": row["job_id"], "orbit/checkpoint": row["checkpoint_key"],
                                "orbit/suite": row["suite"], "orbit/kind": "eval",
-                               "orbit/placement": row.get("placement") or "sim", **tags})
+                               "orbit/placement": row.get("placement") or "sim",
+                               **pool_tags(row.get("placement") or "sim", "eval"), **tags})
 
 
 @dg.sensor(jobs=[eval_job, rental_job], minimum_interval_seconds=2, default_status=dg.DefaultSensorStatus.RUNNING,

@@ -8,13 +8,20 @@ instance metered after its attempt, a LOST job) is one `rental_job` run per deci
 the decision's tags, so the run list shows every GPU released and why.
 """
 
+import time
+from datetime import datetime, timezone
+
 import dagster as dg
 
 from ..control.reconcile import decide
 from ..jobs import train_job
 from ..ops.rental import decision_request, rental_job
 from ..ops.runs import IN_PROGRESS
+from ..profiles import job_pools, pool_tags
 from ..resources import AwsSpotResource, OrbitResource, SimMarketResource, SshRentalResource, active
+
+# How long a crashed run's pending retry holds off a re-attach (the retry daemon polls in seconds).
+RETRY_GRACE_S = 300
 
 
 def _followed(instance: dg.DagsterInstance):
@@ -23,6 +30,12 @@ def _followed(instance: dg.DagsterInstance):
         dg.RunsFilter(statuses=IN_PROGRESS, job_name="train_job"))}
     live |= {r.dagster_run.tags.get("dagster/partition") for r in instance.get_run_records(
         dg.RunsFilter(statuses=IN_PROGRESS, job_name="__ASSET_JOB"))}
+    # A run worker that crashed, which Dagster's run retries (the team profile) will run
+    # again: that retry re-attaches, so a second follower is not requested meanwhile.
+    live |= {r.dagster_run.tags.get("dagster/partition") for r in instance.get_run_records(
+        dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE], tags={"dagster/will_retry": "true"},
+                      updated_after=datetime.fromtimestamp(time.time() - RETRY_GRACE_S, timezone.utc)))
+        if "dagster/auto_retry_run_id" not in r.dagster_run.tags}
 
     def followed(job_id: str, attempt: int) -> bool:  # noqa: ARG001 - any live run of the partition re-attaches
         return job_id in live
@@ -39,12 +52,14 @@ def spot_interruption_sensor(context: dg.SensorEvaluationContext, orbit: OrbitRe
         report = decide(orbit.settings(), followed=_followed(context.instance))
     for line in report.lines():
         context.log.info(line)
+    pools = job_pools(orbit.settings().ledger(), [d.job_id for d in report.decisions if d.action == "reattach"])
     for d in report.decisions:
         if d.action == "reattach":
             # A fresh key per tick is safe: run_attempt re-attaches, it never launches twice.
             yield dg.RunRequest(run_key=f"{d.job_id}:attempt-{d.attempt}:reattach-{context.cursor or 0}",
                                 job_name="train_job", partition_key=d.job_id,
-                                tags={"orbit/job": d.job_id, "orbit/reattach": "1", "orbit/kind": "train"})
+                                tags={"orbit/job": d.job_id, "orbit/reattach": "1", "orbit/kind": "train",
+                                      **pool_tags(pools.get(d.job_id), "train")})
         else:
             yield decision_request(d)
     if report.reattach:

@@ -12,6 +12,7 @@ import dagster as dg
 from ..assets.partitions import JOBS, jobs_partitions
 from ..control.queue import fail_undispatched, queued_jobs
 from ..jobs import train_job
+from ..profiles import pool_tags
 from ..resources import OrbitResource
 
 MAX_RUNS_PER_ATTEMPT = 3
@@ -46,7 +47,8 @@ def job_queue_sensor(context: dg.SensorEvaluationContext, orbit: OrbitResource) 
             run_key=f"{r['job_id']}:attempt-{r['attempt']}" + (f":retry-{ended}" if ended else ""),
             partition_key=r["job_id"],
             tags={"orbit/job": r["job_id"], "orbit/attempt": str(r["attempt"]), "orbit/experiment": r["experiment"],
-                  "orbit/kind": "train", "orbit/placement": r["placement"] or "sim"},
+                  "orbit/kind": "train", "orbit/placement": r["placement"] or "sim",
+                  **pool_tags(r["placement"] or "sim", "train")},
         ))
     return dg.SensorResult(
         run_requests=requests,

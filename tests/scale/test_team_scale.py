@@ -1,0 +1,202 @@
+"""The `team` profile at scale: 20 concurrent jobs on the sim market through a PostgreSQL-backed
+Dagster instance with its daemon running (tests/postgres.py starts the server).
+
+Checked from both records, Dagster's runs and the ledger: every job finishes and every
+checkpoint is evaluated; the sim pool's limits (4 runs, 3 of them trainings) are never
+exceeded, in Dagster's run records nor in the ledger's instances; no attempt is launched
+twice; the jobs reclaimed mid-training (the market operator's override, `inject_reclaim`,
+on running hosts) resume from their emergency checkpoint and finish; and the ledger and
+Dagster agree on every attempt. Figures (wall time, sensor tick durations, the most runs
+at once) are printed for docs/deploy.md.
+"""
+import statistics
+import time
+from collections import Counter, defaultdict
+
+import dagster as dg
+import pytest
+from dagster._core.scheduler.instigation import InstigatorType
+
+from orbit_dagster.control.providers import provider_for
+from orbit_dagster.control.settings import Settings
+from orbit_dagster.control.submit import submit
+from orbit_dagster.instance import Daemon, dagster_instance, ensure_dagster_home, wait_for_daemon
+from orbit_dagster.ledger import records as R
+from orbit_dagster.profiles import POOL_TAG, TRAIN_POOL_TAG
+from orbit_dagster.providers.base import RunHandle
+from orbit_dagster.resources import OrbitResource
+from tests.helpers import wait_for
+from tests.postgres import postgres, team_profile  # noqa: F401 - fixtures
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
+JOBS = 20
+RECLAIMS = 3
+POOL_LIMIT, TRAIN_LIMIT = 6, 5  # ORBIT_POOLS sim=6: trainings leave one slot to evaluations
+# Short jobs: one durable checkpoint at the end (plus an emergency one when reclaimed), so
+# one evaluation each; long enough (~10 s of steps) to be reclaimed mid-training.
+OVERRIDES = {"config.steps": 240, "config.micro_batch": 4, "config.grad_accum": 1,
+             "checkpoint.every_steps": 240, "checkpoint.interval_policy": "fixed"}
+ENDED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
+
+
+def most_at_once(intervals) -> int:
+    """The largest number of [start, end) intervals that overlap."""
+    edges = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda x: (x[0], x[1]))
+    now = peak = 0
+    for _, step in edges:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def say(line: str) -> None:
+    print(f"[scale {time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+
+def test_queue_sensor_puts_each_run_in_its_providers_pool(team_profile, orbit_home):
+    from orbit_dagster.sensors.queue import job_queue_sensor
+
+    settings = Settings.from_env(orbit_home)
+    job = submit(settings, "charlm-finetune", {"config.steps": 8}, experiment="pools")
+    with dagster_instance(settings) as instance:
+        ctx = dg.build_sensor_context(instance=instance, resources={"orbit": OrbitResource()})
+        result = job_queue_sensor(ctx)
+    (request,) = result.run_requests
+    assert request.partition_key == job
+    assert request.tags[POOL_TAG] == "sim" and request.tags[TRAIN_POOL_TAG] == "sim"
+
+
+def test_twenty_jobs_on_postgres_with_the_daemon(team_profile, orbit_home, monkeypatch):
+    monkeypatch.setenv("ORBIT_POOLS", f"sim={POOL_LIMIT}")
+    settings = Settings.from_env(orbit_home)
+    ensure_dagster_home(settings)
+    ledger = settings.ledger()
+    provider = provider_for(settings, "sim_host_process")
+    started = time.time()
+    daemon = Daemon(settings, say=say).start()
+    try:
+        wait_for_daemon(settings, timeout_s=180, say=say)
+        jobs = [submit(settings, "charlm-finetune", OVERRIDES, experiment=f"scale-{i % 4}") for i in range(JOBS)]
+        submitted = time.time()
+        say(f"{JOBS} jobs submitted")
+        reclaimed: set[str] = set()
+        last_said = [0.0]
+
+        def finished() -> bool:
+            inject_reclaims(ledger, provider, reclaimed)
+            rows = ledger.rows("SELECT state, count(*) AS n FROM jobs GROUP BY state")
+            pending = ledger.scalar("SELECT count(*) FROM evaluations WHERE state IN ('PENDING', 'RUNNING')")
+            if time.time() - last_said[0] > 15:
+                say(f"jobs {dict((r['state'], r['n']) for r in rows)}; evaluations pending {pending}; "
+                    f"reclaimed {len(reclaimed)}")
+                last_said[0] = time.time()
+            done = sum(r["n"] for r in rows if r["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"))
+            return done == JOBS and pending == 0
+
+        # Minutes on an idle 2-core machine; much longer on one shared with other work.
+        wait_for(finished, timeout=3000, every=1, what=f"{JOBS} jobs and their evaluations")
+        wall = time.time() - submitted
+        with dagster_instance(settings) as instance:
+            wait_for(lambda: not in_progress(instance, jobs), timeout=120, every=2, what="the last runs to end")
+            runs = [r.dagster_run for r in instance.get_run_records(dg.RunsFilter(job_name="train_job"))] + \
+                [r.dagster_run for r in instance.get_run_records(dg.RunsFilter(job_name="eval_job"))]
+            records = {r.dagster_run.run_id: r for r in instance.get_run_records(
+                dg.RunsFilter(run_ids=[run.run_id for run in runs]))}
+            ticks = sensor_tick_seconds(instance)
+    finally:
+        daemon.stop()
+
+    # Every job finished; every live checkpoint has its evaluation.
+    states = {r["job_id"]: r["state"] for r in ledger.rows("SELECT job_id, state FROM jobs")}
+    assert states == {j: "SUCCEEDED" for j in jobs}
+    assert ledger.scalar("""SELECT count(*) FROM checkpoints c WHERE c.deleted_at IS NULL AND NOT EXISTS (
+        SELECT 1 FROM evaluations e WHERE e.checkpoint_key = c.checkpoint_key AND e.state = 'SUCCEEDED')""") == 0
+
+    # The pool's limits, from Dagster's run records: at no moment more runs than the limits.
+    spans = {rid: (rec.start_time, rec.end_time) for rid, rec in records.items() if rec.start_time}
+    pooled = [spans[r.run_id] for r in runs if r.tags.get(POOL_TAG) == "sim" and r.run_id in spans]
+    trains = [spans[r.run_id] for r in runs if r.tags.get(TRAIN_POOL_TAG) == "sim" and r.run_id in spans]
+    assert len(pooled) == len(runs) and all(end is not None for _, end in pooled)  # every run was in the pool
+    runs_peak, trains_peak = most_at_once(pooled), most_at_once(trains)
+    assert runs_peak <= POOL_LIMIT and trains_peak <= TRAIN_LIMIT
+    assert runs_peak == POOL_LIMIT  # the limit was reached: 20 jobs did wait for it
+    # ... and from the ledger: sim instances alive at once (train and eval hosts).
+    hosts = [(r["started_at"], r["stopped_at"]) for r in ledger.rows(
+        "SELECT started_at, stopped_at FROM instances WHERE provider = 'sim'")]
+    assert all(stop is not None for _, stop in hosts)  # nothing left running, nothing billed on
+    assert most_at_once(hosts) <= POOL_LIMIT
+
+    # No attempt launched twice: one ledger run and one training host per attempt, and one
+    # Dagster run per attempt (a re-attach or a crashed worker's retry launches nothing).
+    per_attempt = Counter((r["job_id"], r["attempt"]) for r in ledger.rows("SELECT job_id, attempt FROM runs"))
+    assert set(per_attempt.values()) == {1}
+    hosts_per_run = ledger.rows("SELECT run_id, count(*) AS n FROM instances WHERE purpose = 'train' GROUP BY run_id")
+    assert {r["n"] for r in hosts_per_run} == {1} and len(hosts_per_run) == len(per_attempt)
+    launches = Counter((r.tags["orbit/job"], r.tags.get("orbit/attempt")) for r in runs
+                       if r.job_name == "train_job" and "orbit/reattach" not in r.tags
+                       and "dagster/parent_run_id" not in r.tags)
+    assert set(launches.values()) == {1}
+
+    # The reclaims recovered: each reclaimed job lost attempt 1 to the reclaim and attempt 2
+    # resumed from attempt 1's emergency checkpoint.
+    assert len(reclaimed) == RECLAIMS
+    for job in reclaimed:
+        attempts = ledger.rows("SELECT attempt, state, failure_class, resume_from FROM runs WHERE job_id = ? "
+                               "ORDER BY attempt", [job])
+        assert attempts[0]["state"] == "LOST" and attempts[0]["failure_class"] == "reclaim", attempts
+        emergency = ledger.one("SELECT checkpoint_key FROM checkpoints WHERE job_id = ? AND attempt = 1 "
+                               "AND tier = 'emergency'", [job])
+        assert emergency and attempts[1]["resume_from"] == emergency["checkpoint_key"], attempts
+        assert attempts[-1]["state"] == "SUCCEEDED"
+    assert sum(R.interruptions(ledger, j) for j in jobs) == len(reclaimed)
+
+    # The ledger and Dagster agree on every attempt: its run names a Dagster run of that job
+    # which ended as the attempt did.
+    by_id = {r.run_id: r for r in runs}
+    for row in ledger.rows("SELECT job_id, attempt, state, dagster_run_id FROM runs"):
+        run = by_id[row["dagster_run_id"]]
+        assert run.tags["orbit/job"] == row["job_id"] and run.tags["dagster/partition"] == row["job_id"]
+        assert run.tags.get("orbit/attempt") == str(row["attempt"]) and run.tags.get("orbit/outcome") == row["state"]
+        expected = dg.DagsterRunStatus.SUCCESS if row["state"] == "SUCCEEDED" else dg.DagsterRunStatus.FAILURE
+        assert run.status == expected, (row, run.status)
+    for row in ledger.rows("SELECT checkpoint_key, dagster_run_id FROM evaluations"):
+        assert by_id[row["dagster_run_id"]].tags["orbit/checkpoint"] == row["checkpoint_key"]
+
+    say(f"wall {wall:.0f} s after submission ({time.time() - started:.0f} s with daemon start-up); "
+        f"runs {len(runs)} ({sum('orbit/reattach' in r.tags for r in runs)} re-attaches, "
+        f"{sum('dagster/parent_run_id' in r.tags for r in runs)} retries); most at once: {runs_peak} runs, "
+        f"{trains_peak} trainings, {most_at_once(hosts)} hosts")
+    for name, secs in sorted(ticks.items()):
+        say(f"sensor {name}: {len(secs)} ticks, median {statistics.median(secs):.2f} s, max {max(secs):.2f} s")
+
+
+def inject_reclaims(ledger, provider, reclaimed: set[str]) -> None:
+    """Reclaim (2 s notice, the market operator's override) the host of each job seen training
+    its first attempt past step 40, until RECLAIMS jobs have been."""
+    if len(reclaimed) >= RECLAIMS:
+        return
+    for row in ledger.rows(
+            """SELECT r.job_id, r.handle FROM runs r WHERE r.state = 'RUNNING' AND r.attempt = 1
+               AND (SELECT max(step) FROM metric_points m WHERE m.run_id = r.run_id) >= 40"""):
+        if row["job_id"] not in reclaimed and len(reclaimed) < RECLAIMS:
+            provider.inject_reclaim(RunHandle.model_validate_json(row["handle"]).instance, in_seconds=3,
+                                    notice_seconds=2)
+            reclaimed.add(row["job_id"])
+            say(f"reclaim injected into {row['job_id']}")
+
+
+def in_progress(instance, jobs) -> int:
+    records = instance.get_run_records(dg.RunsFilter(statuses=[s for s in dg.DagsterRunStatus if s not in ENDED]))
+    return len(records)
+
+
+def sensor_tick_seconds(instance) -> dict[str, list[float]]:
+    """Durations of the sensors' ticks, from Dagster's tick records."""
+    out: dict[str, list[float]] = defaultdict(list)
+    for state in instance.all_instigator_state():
+        if state.instigator_type != InstigatorType.SENSOR:
+            continue
+        for tick in instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=5000):
+            if tick.end_timestamp:
+                out[state.instigator_name].append(tick.end_timestamp - tick.timestamp)
+    return out

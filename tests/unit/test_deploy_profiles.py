@@ -1,0 +1,86 @@
+"""Deployment profiles and the services' log filter, one function at a time."""
+import pytest
+import yaml
+
+from orbit_dagster.core.errors import OrbitError
+from orbit_dagster.profiles import Pool, PostgresServer, Profile, parse_pools, pool_tags
+from orbit_dagster.services import clean_line
+
+
+def test_pools_leave_evaluations_a_quarter_of_each_provider():
+    assert [(p.limit, p.train_limit, p.eval_reserve) for p in map(lambda n: Pool("sim", n), (1, 2, 4, 8, 9))] == \
+        [(1, 1, 0), (2, 1, 1), (4, 3, 1), (8, 6, 2), (9, 7, 2)]
+    assert pool_tags("aws_spot", "train") == {"orbit/pool": "aws_spot", "orbit/train-pool": "aws_spot"}
+    assert pool_tags("aws_spot", "eval") == {"orbit/pool": "aws_spot"}
+    assert pool_tags(None, "train") == {}
+
+
+@pytest.mark.parametrize("text, fix", [("sim=0", "whole number >= 1"), ("gpu=4", "does not name a provider"),
+                                       ("sim", "does not name a provider"), ("sim=four", "whole number >= 1")])
+def test_a_bad_pools_setting_names_itself(text, fix):
+    with pytest.raises(OrbitError) as err:
+        parse_pools(text)
+    assert err.value.field == "ORBIT_POOLS" and err.value.value == text and fix in str(err.value)
+
+
+def test_pools_override_the_defaults():
+    assert {p.name: p.limit for p in parse_pools("sim=6, aws_spot=8")} == {"sim": 6, "ssh_rental": 2, "aws_spot": 8}
+
+
+def test_the_team_server_url_is_checked_and_never_carries_a_password():
+    pg = PostgresServer.parse("postgresql://orbit@db.internal:5433/ledger")
+    assert (pg.host, pg.port, pg.database, pg.dagster_database) == ("db.internal", 5433, "ledger", "ledger_dagster")
+    assert pg.ledger_url == "postgresql+psycopg://orbit@db.internal:5433/ledger"
+    assert PostgresServer.parse("postgresql://orbit@db").database == "orbit"
+    for bad in (None, "", "mysql://orbit@db/x", "postgresql:///x", "not a url"):
+        with pytest.raises(OrbitError, match="ORBIT_POSTGRES_URL"):
+            PostgresServer.parse(bad)
+    with pytest.raises(OrbitError) as err:
+        PostgresServer.parse("postgresql://orbit:hunter2@db/x")
+    assert "hunter2" not in str(err.value) and "PGPASSWORD" in str(err.value)
+
+
+def test_profiles_are_one_setting(monkeypatch):
+    assert Profile.from_env().name == "embedded" and Profile.from_env().ledger_url is None
+    monkeypatch.setenv("ORBIT_PROFILE", "team")
+    monkeypatch.setenv("ORBIT_POSTGRES_URL", "postgresql://orbit@127.0.0.1:5432/orbit")
+    team = Profile.from_env()
+    assert team.dagster_dir == "dagster-team" and team.ledger_url.startswith("postgresql+psycopg://")
+    monkeypatch.setenv("ORBIT_PROFILE", "teams")
+    with pytest.raises(OrbitError, match="ORBIT_PROFILE=embedded"):
+        Profile.from_env()
+
+
+def test_dagster_yaml_of_each_profile_loads_as_a_dagster_instance_config(monkeypatch, tmp_path):
+    from dagster._core.instance.config import dagster_instance_config
+
+    monkeypatch.setenv("ORBIT_POOLS", "sim=5")
+    for profile, url in (("embedded", None), ("team", "postgresql://orbit@127.0.0.1:5432/orbit")):
+        monkeypatch.setenv("ORBIT_PROFILE", profile)
+        if url:
+            monkeypatch.setenv("ORBIT_POSTGRES_URL", url)
+        text = Profile.from_env().dagster_yaml()
+        (tmp_path / profile).mkdir()
+        (tmp_path / profile / "dagster.yaml").write_text(text)
+        config, _ = dagster_instance_config(str(tmp_path / profile))
+        limits = config["concurrency"]["runs"]["tag_concurrency_limits"]
+        assert {"key": "orbit/pool", "value": "sim", "limit": 5} in limits
+        assert {"key": "orbit/train-pool", "value": "sim", "limit": 4} in limits
+        assert config["concurrency"]["runs"]["max_concurrent_runs"] == 5 + 2 + 4 + 2
+        assert ("run_retries" in config) == (profile == "team")
+        assert ("storage" in config) == (profile == "team")
+        assert "password" not in yaml.safe_load(text).get("storage", {}).get("postgres", {}).get("postgres_db", {})
+
+
+def test_log_lines_lose_colour_codes_and_per_tick_noise():
+    coloured = "\x1b[32m2026-11-30 14:15:06 +0000\x1b[0m - dagster.daemon.SensorDaemon - \x1b[34mINFO\x1b[0m - "
+    assert clean_line(coloured + "Launching run for job_queue_sensor\n") == \
+        "2026-11-30 14:15:06 +0000 - dagster.daemon.SensorDaemon - INFO - Launching run for job_queue_sensor\n"
+    for noise in ("Checking for new runs for sensor: job_queue_sensor", "Sensor cost_summary_sensor skipped: x",
+                  "Priority sorting and checking tag concurrency limits for queued runs."):
+        assert clean_line(coloured + noise + "\n") is None
+    assert clean_line("2026 - dagster.daemon.SensorDaemon - ERROR - Sensor x skipped: y\n") is not None
+    assert clean_line('INFO:     127.0.0.1:41120 - "GET /server_info HTTP/1.1" 200 OK\n') is None
+    assert clean_line('INFO:     127.0.0.1:41120 - "POST /graphql HTTP/1.1" 500 Internal Server Error\n')
+    assert clean_line("2026 - dagster - DEBUG - train_job - 1 - 2 - STEP_START - x\n") is None
+    assert clean_line("2026 - dagster - INFO - eval_job - 1 - evaluation - evaluated k (heldout)\n")
