@@ -34,9 +34,10 @@ from orbit_dagster.ledger.migrations import ledger_url_for  # noqa: E402
 
 T0 = 1_767_225_600.0  # 2026-01-01 UTC: every generated time is relative to it
 SUITES = {"eval": ("eval/loss", "eval/accuracy"), "mmlu": ("mmlu/accuracy",), "gsm8k": ("gsm8k/accuracy",)}
-# Event kinds the code writes, with the weight of each in the generated history.
+# Event kinds the code writes, with the weight of each in the generated history. `host_probe`
+# is not among them: the agent probes an offer once (see PROBES).
 EVENT_KINDS = {
-    "host_started": 14, "host_probe": 10, "host_resumed": 8, "launched": 10, "submitted": 6, "requeued": 5,
+    "host_started": 14, "host_resumed": 8, "launched": 10, "submitted": 6, "requeued": 5,
     "evaluation_failed": 12, "checkpoint_rejected": 6, "checkpoint_conflict": 1, "retention": 8,
     "price_above_max": 3, "decision": 0, "release_failed": 1, "dispatch_failed": 2, "dispatch_abandoned": 1,
     "notice": 4, "host_notice": 4, "host_lost": 4, "migration_started": 1,
@@ -44,6 +45,7 @@ EVENT_KINDS = {
 # Kinds that mark an ended attempt: given to finished runs only (a running job has none yet,
 # except the few noticed now).
 ENDING = {"notice", "host_notice", "host_lost", "migration_started"}
+PROBES = 50  # TFLOPS probes: the first instance of each offer runs one
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,11 @@ class Shape:
         return cls(jobs=100, experiments=10, projects=3, checkpoints_per_job=20, events=20_000)
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        """The shape and the schema's indexes: a changed index makes a new ledger."""
+        from orbit_dagster.ledger.schema import metadata
+
+        indexes = sorted(f"{ix.name}:{[c.name for c in ix.columns]}" for t in metadata.tables.values() for ix in t.indexes)
+        return hashlib.sha256(json.dumps([asdict(self), indexes], sort_keys=True).encode()).hexdigest()[:12]
 
 
 def job_plan(shape: Shape, rng: random.Random) -> list[dict]:
@@ -130,7 +136,7 @@ def generate(home: Path, shape: Shape) -> dict:
     ended = [r for r in runs_all if r["state"] != "RUNNING"]
     running = [r for r in runs_all if r["state"] == "RUNNING"]
     for i in range(shape.events):
-        kind = kinds[rng.randrange(len(kinds))]
+        kind = "host_probe" if i < PROBES else kinds[rng.randrange(len(kinds))]
         pool = ended if kind in ENDING or not running else (running if rng.random() < 0.05 else ended)
         if kind == "notice" and running and rng.random() < 0.01:
             pool = running  # a few running attempts hold a notice now
