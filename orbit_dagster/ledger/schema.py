@@ -101,8 +101,7 @@ TABLES: dict[str, TableSpec] = {t.name: t for t in [
            col("save_seconds", F), col("created_at", F), col("registered_at", F),
            col("deleted_at", F), col("deleted_reason"),
            key=("checkpoint_key",),
-           indexes=(("job_id", "step"), ("lineage", "step"), ("experiment",), ("registered_at",), ("uri",),
-                    ("deleted_at",))),  # deleted checkpoints: their pending evaluations are skipped
+           indexes=(("job_id", "step"), ("lineage", "step"), ("experiment",), ("registered_at",), ("uri",))),
     # One row per (checkpoint, suite): the request and, once done, its result. `state` is
     # PENDING -> RUNNING -> SUCCEEDED | FAILED (| SKIPPED when the checkpoint is gone).
     _table("evaluations", col("checkpoint_key"), col("suite"), col("job_id"), col("experiment"), col("state"),
@@ -140,6 +139,13 @@ TABLES: dict[str, TableSpec] = {t.name: t for t in [
            col("chosen"), col("runner_up"), col("inputs"), col("ts", F),
            key=("decision_id",), indexes=(("job_id", "kind"),)),
 ]}
+
+# Deleted checkpoints (a few, however long the history): the evaluations still pending on
+# them are skipped every tick. Partial, so SQLite uses it for `deleted_at IS NOT NULL` (a
+# plain index it does not) and live checkpoints cost it nothing.
+sa.Index("ix_checkpoints_deleted", TABLES["checkpoints"].table.c.deleted_at,
+         sqlite_where=TABLES["checkpoints"].table.c.deleted_at.isnot(None),
+         postgresql_where=TABLES["checkpoints"].table.c.deleted_at.isnot(None))
 
 # Portable SQL (SQLite, PostgreSQL and DuckDB parse it alike): `{now}` is the dialect's
 # "seconds since the epoch, now". The control plane, `orbit sql` and `duckdb` see the same
