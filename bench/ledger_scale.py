@@ -13,7 +13,7 @@ product's own function, warm (one call first), median and p95 over the repeats:
 3. the sensors' and dispatch's queries (queue, evaluations, interruptions, follow-ups,
    price feed, offer ranking inputs), and two DuckDB-face queries.
 
-    python bench/ledger_scale.py [--quick] [--rounds 5] [--cache DIR] [--record docs/benchmarks.md]
+    python bench/ledger_scale.py [--quick] [--rounds 3] [--typical 2] [--slow 10] [--cache DIR] [--record docs/benchmarks.md]
 """
 from __future__ import annotations
 
@@ -118,10 +118,10 @@ def proposed_best(settings: Settings, experiment: str) -> str | None:
 
 
 def best_rounds(settings: Settings, typical: list[str], big: str, rounds: int, mlflow: Mlflow | None,
-                slow_s: float = 10.0) -> dict:
+                slow_s: float = 60.0) -> dict:
     """Round by round: orbit on every experiment, the proposed query, then MLflow on the same
-    list. A call slower than `slow_s` is timed in the first round only (its spread is then
-    unknown, and said so)."""
+    list. A call slower than `slow_s` (on either side) is timed in the first round only (its
+    spread is then unknown, and said so)."""
     keys = ("typical", "big")
     ours = {k: [] for k in keys}
     proposed = {k: [] for k in keys}
@@ -134,11 +134,15 @@ def best_rounds(settings: Settings, typical: list[str], big: str, rounds: int, m
         t = time.perf_counter()
         answers[e] = compute_best(settings, e)["checkpoint_key"]
         warm[e] = time.perf_counter() - t
+        print(f"warm: compute_best({e}) {warm[e]:.2f} s", flush=True)
     mismatch_proposed = {e: (answers[e], proposed_best(settings, e)) for e in exps if proposed_best(settings, e) != answers[e]}
     disagree = {}
+    mlflow_slow: set[str] = set()
     if mlflow:
         first = mlflow.best(exps, "eval/loss", "min")
         disagree = {e: (answers[e], first["best"][e]) for e in exps if first["best"][e] != answers[e]}
+        mlflow_slow = {e for e, x in zip(exps, first["seconds"]) if x > slow_s}
+        print(f"warm: MLflow {dict(zip(exps, [round(x, 2) for x in first['seconds']]))}", flush=True)
     for r in range(rounds):
         mine, prop = [], []
         for e in exps:
@@ -156,14 +160,24 @@ def best_rounds(settings: Settings, typical: list[str], big: str, rounds: int, m
         proposed["typical"] += prop[:-1]
         proposed["big"].append(prop[-1])
         if mlflow:
-            res = mlflow.best(exps, "eval/loss", "min")["seconds"]
-            theirs["typical"] += res[:-1]
-            theirs["big"].append(res[-1])
-            if mine[-1] is not None:
+            asked = [e for e in exps if r == 0 or e not in mlflow_slow]
+            got = dict(zip(asked, mlflow.best(asked, "eval/loss", "min")["seconds"]))
+            res = [got.get(e) for e in exps]
+            theirs["typical"] += [x for x in res[:-1] if x is not None]
+            theirs["big"] += [res[-1]] if res[-1] is not None else []
+            if mine[-1] is not None and res[-1] is not None:
                 ratios["big"].append(res[-1] / mine[-1])
-            ratios["typical"].append(statistics.median(res[:-1]) / statistics.median([x for x in mine[:-1] if x]))
-            ratios.setdefault("proposed_typical", []).append(statistics.median(res[:-1]) / statistics.median(prop[:-1]))
-            ratios.setdefault("proposed_big", []).append(res[-1] / prop[-1])
+            if res[-1] is not None:
+                ratios.setdefault("proposed_big", []).append(res[-1] / prop[-1])
+            pairs = [(x, y, p) for x, y, p in zip(res[:-1], mine[:-1], prop[:-1]) if x is not None]
+            if any(y is not None for _, y, _ in pairs):
+                ratios["typical"].append(statistics.median([x for x, y, _ in pairs if y is not None])
+                                         / statistics.median([y for _, y, _ in pairs if y is not None]))
+            if pairs:
+                ratios.setdefault("proposed_typical", []).append(statistics.median([x for x, _, _ in pairs])
+                                                                 / statistics.median([p for _, _, p in pairs]))
+        print(f"round {r}: orbit {[None if x is None else round(x, 3) for x in mine]} "
+              f"proposed {[round(x, 3) for x in prop]}", flush=True)
     return {"ours": ours, "proposed": proposed, "mlflow": theirs, "ratios": ratios, "disagree": disagree,
             "mismatch_proposed": mismatch_proposed, "experiments": len(exps)}
 
@@ -225,13 +239,16 @@ def run(args) -> tuple[str, bool]:
     ledger = settings.ledger()
     ledger_path = home / "ledger" / "ledger.sqlite"
     print(f"ledger ready in {time.time() - t:.0f} s: {gen['rows']}", flush=True)
-    typical = [f"exp-{i:03d}" for i in range(0, shape.experiments - 1, max(1, (shape.experiments - 1) // 10))][:10]
+    # A few typical experiments, evenly spaced (MLflow takes seconds per search at full size).
+    step = max(1, (shape.experiments - 1) // args.typical)
+    typical = [f"exp-{i:03d}" for i in range(0, shape.experiments - 1, step)][:args.typical]
     mlflow = None
     if not args.no_mlflow:
         t = time.time()
         mlflow = Mlflow(ledger_path, home / f"mlflow-{gen['shape']['seed']}")
         print(f"MLflow store ready in {time.time() - t:.0f} s", flush=True)
-    best = best_rounds(settings, typical, "exp-big", args.rounds, mlflow)
+    best = best_rounds(settings, typical, "exp-big", args.rounds, mlflow, slow_s=args.slow)
+    print(json.dumps({k: best[k] for k in ("ours", "proposed", "mlflow", "ratios", "disagree")}), flush=True)
     if mlflow:
         mlflow.close()
     big_ckpts = ledger.scalar("SELECT count(*) FROM checkpoints WHERE experiment = 'exp-big'")
@@ -314,14 +331,16 @@ def record(path: Path, body: str, tag: str, title: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a small ledger (smoke test)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved best-checkpoint rounds")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved best-checkpoint rounds")
+    p.add_argument("--typical", type=int, default=2, help="typical experiments timed besides exp-big")
+    p.add_argument("--slow", type=float, default=10.0, help="a call slower than this is timed in one round only")
     p.add_argument("--repeats", type=int, default=30, help="timed calls per query (fewer when slow)")
     p.add_argument("--cache", type=Path, default=REPO / "bench" / ".data", help="where generated ledgers are kept")
     p.add_argument("--no-mlflow", action="store_true", help="skip the MLflow baseline")
     p.add_argument("--record", type=Path, default=None, help="rewrite the ledger-scale section of this file")
     args = p.parse_args()
     args.command = "python bench/ledger_scale.py" + (" --quick" if args.quick else "") + (
-        f" --rounds {args.rounds}" if args.rounds != 5 else "")
+        f" --rounds {args.rounds}" if args.rounds != 3 else "")
     text, ok = run(args)
     print(text)
     if args.record:

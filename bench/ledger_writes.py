@@ -104,26 +104,34 @@ def writer(home: str, variant: str, w: int, events: int, batch: int, out: str, s
 
 
 def reader(home: str, stop_path: str, out: str) -> None:
-    ledger = Ledger.open(ledger_url_for(Path(home)), home=Path(home))
     store_n, face_n, errors, backwards, lat = 0, 0, [], 0, []
+    try:
+        _read_until(home, stop_path, errors, lat, counts := {"store": 0, "face": 0, "backwards": 0})
+        store_n, face_n, backwards = counts["store"], counts["face"], counts["backwards"]
+    except Exception as exc:  # noqa: BLE001 - a reader that died is reported, not lost
+        errors.append(f"reader died: {type(exc).__name__}: {str(exc)[:200]}")
+    Path(out).write_text(json.dumps({"store_queries": store_n, "face_queries": face_n, "errors": errors,
+                                     "backwards": backwards, "store_latency": lat}))
+
+
+def _read_until(home: str, stop_path: str, errors: list, lat: list, counts: dict) -> None:
+    ledger = Ledger.open(ledger_url_for(Path(home)), home=Path(home))
     last_store = last_face = -1
     while not os.path.exists(stop_path):
         try:
             t = time.perf_counter()
             n = int(ledger.scalar("SELECT count(*) FROM events WHERE kind = 'bench_write'"))
             lat.append(time.perf_counter() - t)
-            store_n += 1
-            backwards += n < last_store
+            counts["store"] += 1
+            counts["backwards"] += n < last_store
             last_store = n
             m = int(ledger.query("SELECT count(*) AS n FROM events WHERE kind = 'bench_write'")["n"][0])
-            face_n += 1
-            backwards += m < last_face
+            counts["face"] += 1
+            counts["backwards"] += m < last_face
             last_face = m
         except Exception as exc:  # noqa: BLE001 - counted and reported
             errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
         time.sleep(0.01)
-    Path(out).write_text(json.dumps({"store_queries": store_n, "face_queries": face_n, "errors": errors,
-                                     "backwards": backwards, "store_latency": lat}))
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -148,7 +156,7 @@ def run_variant(variant: str, writers: int, events: int, batch: int, readers: in
         elapsed = time.time() - start_at
         stop.touch()
         for p in rs:
-            p.join(60)
+            p.join()  # a reader stops after its current query
         waits = [x for w in range(writers) for x in json.loads(Path(f"{tmp}/w{w}.json").read_text())]
         reads = [json.loads(Path(f"{tmp}/r{i}.json").read_text()) for i in range(readers)]
         ledger = Ledger.open(ledger_url_for(home), home=home)
