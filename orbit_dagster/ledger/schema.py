@@ -84,7 +84,8 @@ TABLES: dict[str, TableSpec] = {t.name: t for t in [
            col("resume_from"), col("handle"), col("imported", I, server_default="0"), col("experiment"),
            col("project"), col("started_at", F),
            col("state"), col("exit_code", I), col("failure_class"), col("reason"), col("state_at", F),
-           key=("run_id",), indexes=(("job_id", "attempt"), ("state",), ("offer_id", "state"))),
+           key=("run_id",), indexes=(("job_id", "attempt"), ("state",), ("offer_id", "state"),
+                                       ("instance_id",))),  # runs of an instance: reclaim counts, notices
     _table("run_states", col("id", ID, primary_key=True, autoincrement=True), col("run_id"), col("state"),
            col("exit_code", I), col("failure_class"), col("reason"), col("ts", F),
            key=("id",), on_conflict="append", indexes=(("run_id",),)),
@@ -107,13 +108,15 @@ TABLES: dict[str, TableSpec] = {t.name: t for t in [
            col("tries", I, server_default="0"), col("metrics"), col("instance_id"), col("dagster_run_id"),
            col("seconds", F), col("reason"), col("requested_at", F), col("started_at", F), col("finished_at", F),
            sa.PrimaryKeyConstraint("checkpoint_key", "suite"), key=("checkpoint_key", "suite"),
-           indexes=(("state",), ("job_id",), ("experiment", "state"), ("finished_at",))),
+           # (state, finished_at): "finished since the cursor" without reading every finished row
+           indexes=(("state", "finished_at"), ("job_id",), ("experiment", "state"), ("finished_at",))),
     _table("metric_points", col("id", ID, primary_key=True, autoincrement=True), col("job_id"), col("experiment"),
            col("run_id"), col("checkpoint_key"), col("suite"), col("step", I), col("name"), col("value", F),
            col("source"), col("ts", F),
            key=("run_id", "source", "name", "step"),  # a re-read event (after a re-attach) adds nothing
            on_conflict="ignore",
-           indexes=(("job_id", "name", "step"), ("experiment", "source", "name", "value"), ("checkpoint_key",))),
+           indexes=(("job_id", "name", "step"), ("experiment", "source", "name", "value"),
+                    ("checkpoint_key", "source", "name", "ts"))),  # a checkpoint's latest value of a metric
     _table("events", col("event_id", primary_key=True), col("ts", F), col("kind"), col("job_id"), col("run_id"),
            col("instance_id"), col("checkpoint_key"), col("detail"),
            key=("event_id",), indexes=(("kind", "job_id"), ("run_id", "kind"), ("instance_id", "kind"),
@@ -136,6 +139,13 @@ TABLES: dict[str, TableSpec] = {t.name: t for t in [
            col("chosen"), col("runner_up"), col("inputs"), col("ts", F),
            key=("decision_id",), indexes=(("job_id", "kind"),)),
 ]}
+
+# Deleted checkpoints (a few, however long the history): the evaluations still pending on
+# them are skipped every tick. Partial, so SQLite uses it for `deleted_at IS NOT NULL` (a
+# plain index it does not) and live checkpoints cost it nothing.
+sa.Index("ix_checkpoints_deleted", TABLES["checkpoints"].table.c.deleted_at,
+         sqlite_where=TABLES["checkpoints"].table.c.deleted_at.isnot(None),
+         postgresql_where=TABLES["checkpoints"].table.c.deleted_at.isnot(None))
 
 # Portable SQL (SQLite, PostgreSQL and DuckDB parse it alike): `{now}` is the dialect's
 # "seconds since the epoch, now". The control plane, `orbit sql` and `duckdb` see the same
