@@ -1,7 +1,8 @@
 """Tiered checkpoints on the host.
 
-1. memory: a host copy of the state every few steps (cheap; lets an emergency save proceed
-   even when a training step is long and the notice lands mid-step);
+1. memory: a host copy of the state every few steps, into reused buffers, and never more
+   often than its cost allows (MEMORY_BUDGET); lets an emergency save proceed even when a
+   training step is long and the notice lands mid-step;
 2. durable: every N steps to the checkpoint store. The training thread only copies the
    state to host buffers (reused between saves; pinned when the state is on a GPU) and
    goes on; a background thread serialises, hashes and writes it;
@@ -36,6 +37,7 @@ from . import delta as D
 from .events import EventWriter
 
 STATE_FILE = "state.pt"
+MEMORY_BUDGET = 0.01  # memory snapshots may take at most this share of the training time
 
 
 def weights_digest(model_state: dict[str, torch.Tensor]) -> str:
@@ -192,6 +194,9 @@ class Checkpointer:
         self.parent_uri = parent_uri
         self.last_durable_step: int | None = None
         self.memory: tuple[int, dict, dict] | None = None  # (step, host state, metrics)
+        self._memory_lock = threading.Lock()
+        self._memory_cost: float | None = None  # seconds the last memory snapshot took
+        self._memory_at = 0.0
         self.save_seconds: list[float] = []
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._lock = threading.Lock()  # serialises claims of a step (emergency vs background writer)
@@ -206,9 +211,21 @@ class Checkpointer:
         self._errors: list[BaseException] = []
 
     # ---- tier 1 -------------------------------------------------------------------
-    def snapshot_memory(self, step: int, state: dict, metrics: dict) -> None:
-        # Fresh buffers, not recycled ones: the notice fallback may be writing the previous snapshot.
-        self.memory = (step, stage(state), dict(metrics))
+    def snapshot_memory(self, step: int, state: dict, metrics: dict) -> bool:
+        """Copy the state into the memory tier's host buffers (reused: no page faults after the
+        first). Skipped (False) while the last copy's cost exceeds MEMORY_BUDGET of the time
+        since it: for a large model every few steps would be a visible share of training."""
+        began = time.perf_counter()
+        if self._memory_cost is not None and began - self._memory_at < self._memory_cost / MEMORY_BUDGET:
+            return False
+        with self._memory_lock:  # never while the notice fallback is writing the snapshot
+            previous, self.memory = self.memory, None  # its buffers are overwritten: not a snapshot meanwhile
+            spare = None if previous is None else {k: v for k, v in D.flatten(previous[1]).items()
+                                                   if isinstance(v, torch.Tensor)}
+            self.memory = (step, stage(state, spare), dict(metrics))
+        self._memory_at = time.perf_counter()
+        self._memory_cost = self._memory_at - began
+        return True
 
     # ---- tier 2 -------------------------------------------------------------------
     def save_durable_async(self, step: int, state: dict, metrics: dict) -> None:
@@ -307,10 +324,11 @@ class Checkpointer:
                          blocked=None if blocking else 0.0, source=source, extra=extra)
 
     def emergency_from_memory(self, *, source: str) -> str | None:
-        if self.memory is None:
-            return None
-        step, state, metrics = self.memory
-        return self.save_emergency(step, state, metrics, source=source, blocking=False)
+        with self._memory_lock:  # the training thread may not overwrite it while it is written
+            if self.memory is None:
+                return None
+            step, state, metrics = self.memory
+            return self.save_emergency(step, state, metrics, source=source, blocking=False)
 
     # ---- common -------------------------------------------------------------------
     def _put(self, step: int, blob: bytes, blob_sha256: str, weights_sha: str, metrics: dict, tier: str, *,

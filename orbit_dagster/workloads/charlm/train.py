@@ -26,6 +26,7 @@ def limit_device_memory(ctx, budget_mb: float) -> None:
     cfg, dev = ctx.config, ctx.device
     if dev.type == "cuda":
         total_mb = torch.cuda.get_device_properties(dev).total_memory / 2**20
+        torch.cuda.empty_cache()  # the cap applies to reserved memory; start from none
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget_mb / total_mb), dev)
     elif activation_mb(cfg) > budget_mb:
         raise torch.OutOfMemoryError(

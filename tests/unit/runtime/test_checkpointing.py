@@ -204,3 +204,21 @@ def test_emergency_from_memory_does_not_block_training(tmp_path):
     assert ev["blocked_seconds"] == 0.0 and ev["step"] == 5 and ev["source"] == "memory-snapshot"
     assert not D.same_bytes(load(store, uri, tmp_path)["model"]["layer0.weight"], state["model"]["layer0.weight"])
     ck.close()
+
+
+def test_memory_snapshots_reuse_their_buffers_and_respect_their_budget(tmp_path, monkeypatch):
+    import orbit_dagster.runtime.checkpointing as C
+
+    ck, _ = checkpointer(tmp_path)
+    state = make_state()
+    assert ck.snapshot_memory(5, state, {})
+    ptr = ck.memory[1]["model"]["layer0.weight"].data_ptr()
+    state["model"]["layer0.weight"].add_(1)
+    monkeypatch.setattr(C, "MEMORY_BUDGET", 1.0)  # any snapshot cost is affordable
+    time.sleep(ck._memory_cost * 1.1)
+    assert ck.snapshot_memory(10, state, {})
+    assert ck.memory[0] == 10 and ck.memory[1]["model"]["layer0.weight"].data_ptr() == ptr
+    assert D.same_bytes(ck.memory[1]["model"]["layer0.weight"], state["model"]["layer0.weight"])
+    monkeypatch.setattr(C, "MEMORY_BUDGET", 1e-9)  # now nothing is: the next one is skipped
+    assert not ck.snapshot_memory(15, state, {}) and ck.memory[0] == 10
+    ck.close()
