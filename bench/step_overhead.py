@@ -1,26 +1,28 @@
 """Step-time overhead of the checkpoint policy against none, side by side in one run.
 
-    python bench/step_overhead.py [--models demo,100M] [--pairs 5] [--threads 2] [--record FILE]
+    python bench/step_overhead.py [--models demo,100M] [--pairs 12] [--threads 2] [--record FILE]
 
-The example workload (workloads/charlm/train.py, unchanged) runs through a real RunContext:
-- "none": no checkpoint store (metrics only);
-- "policy": the template's tiers: a memory snapshot every 5 steps (within its cost budget)
-  and a durable checkpoint every 40 steps (`--every`), written to a filesystem store.
+The example workload (workloads/charlm/train.py, unchanged) runs through a real RunContext
+with a filesystem checkpoint store and the template's tiers: a memory snapshot every 5
+steps (within its cost budget) and a durable checkpoint every 40 steps (`--every`).
 Models: "demo" is the template's config (d=128, 2 layers, ~0.43M parameters); "100M" is
 d=768, 14 layers, 12 heads (~99M parameters, a 1.2 GB checkpoint with AdamW's moments).
 
-A run measures the wall time from after step W (warm-up) to after step N, where the
-window holds `--intervals` durable saves and ends half an interval after the last one, so
-a save's background write has to fit in the window like it would in a long run; no final
-checkpoint is taken. Runs alternate none/policy (pairs), each from the same seed on the
-same data; the overhead is policy/none - 1 per pair: median and min-max over pairs. A
-median whose min-max spread crosses zero is reported as "not resolved", not as a figure.
+One training run is cut into blocks of one durable interval, each centred on a durable
+save's step; the checkpoint policy is switched on and off block by block (on/off, then
+off/on, ...), so that both halves of a pair see the same machine load, which on a shared
+machine comes in bursts that a run-against-run comparison cannot tell from the effect.
+An "on" block holds its durable save in the middle and waits for its background write at
+its end (so the write is counted in full, half an interval after the save, as it would
+overlap training in a long run); its memory snapshots are counted too. The overhead is
+on/off - 1 per pair: median, and the interquartile range over pairs as the spread; a
+median whose spread crosses zero is reported as "not resolved", not as a figure. The
+first pair is warm-up (first allocations, thread start) and not counted.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import platform
 import shutil
@@ -48,7 +50,7 @@ BEGIN, END = "<!-- step-overhead:begin -->", "<!-- step-overhead:end -->"
 GOAL = 0.02
 MODELS = {
     "demo": {},
-    "100M": {"d_model": 768, "n_heads": 12, "n_layers": 14, "micro_batch": 2, "grad_accum": 1, "dropout": 0.0},
+    "100M": {"d_model": 768, "n_heads": 12, "n_layers": 14, "micro_batch": 1, "grad_accum": 1, "dropout": 0.0},
 }
 WARMUP = 5
 
@@ -58,17 +60,30 @@ class _Stop(Exception):
 
 
 class TimedContext(RunContext):
-    """A RunContext that notes when each step_done returns and stops the run after step `last`."""
+    """A RunContext that notes when each step_done returns and stops the run after step `last`.
 
-    def __init__(self, *args, last: int, **kw):
+    With `blocks`, the checkpointer is attached only in "on" blocks: `blocks(step)` says
+    whether the block holding `step` is on, and `block_end(step)` whether it ends there."""
+
+    def __init__(self, *args, last: int, blocks=None, block_end=None, **kw):
         super().__init__(*args, **kw)
         self.last, self.times = last, {}
+        self.blocks, self.block_end = blocks, block_end
+        self._ck = self.checkpointer
 
     def step_done(self, step, state_fn, metrics=None, *, final=False):
+        if self.blocks is not None:
+            self.checkpointer = self._ck if self.blocks(step) else None
         super().step_done(step, state_fn, metrics, final=final)
+        if self.blocks is not None and self.checkpointer is not None and self.block_end(step):
+            self.checkpointer.flush()  # the on block pays for its whole write
         self.times[step] = time.perf_counter()
         if step >= self.last:
             raise _Stop
+
+    def close(self):
+        self.checkpointer = self._ck
+        super().close()
 
 
 def load_train():
@@ -79,19 +94,24 @@ def load_train():
     return module
 
 
-def one_run(train, cfg: dict, root: Path, *, policy: bool, threads: int, every: int, memory_every: int,
-            last: int) -> tuple[float, list[dict]]:
-    """(seconds per step over the window, the checkpoint events)."""
+def _job_dir(root: Path, cfg: dict, steps: int, threads: int) -> tuple[Path, dict]:
     run_dir = Path(tempfile.mkdtemp(dir=root))
     (run_dir / "inputs").mkdir()
     shutil.copy(WORKLOAD / "corpus.txt", run_dir / "inputs" / "corpus.txt")
-    job = {"job_id": "bench", "template_snapshot": {"config": {**cfg, "steps": last + 10},
-                                                    "resources": {"cpu_threads": threads}}}
-    events = EventWriter(run_dir / "events.jsonl")
+    return run_dir, {"job_id": "bench", "template_snapshot": {"config": {**cfg, "steps": steps},
+                                                              "resources": {"cpu_threads": threads}}}
+
+
+def one_run(train, cfg: dict, root: Path, *, policy: bool, threads: int, every: int, memory_every: int,
+            last: int) -> tuple[float, list[dict]]:
+    """One plain run to step `last`: (seconds per step after warm-up, the checkpoint events)."""
+    import json
+
+    run_dir, job = _job_dir(root, cfg, last + 10, threads)
     store = open_store((run_dir / "store").as_uri()) if policy else None
-    ctx = TimedContext(job=job, bundle_dir=run_dir, workdir=run_dir, attempt=1, events=events, store=store,
-                       watcher=NoticeWatcher(None), checkpoint_every=every, memory_every=memory_every,
-                       metrics_every=10, last=last)
+    ctx = TimedContext(job=job, bundle_dir=run_dir, workdir=run_dir, attempt=1,
+                       events=EventWriter(run_dir / "events.jsonl"), store=store, watcher=NoticeWatcher(None),
+                       checkpoint_every=every, memory_every=memory_every, metrics_every=10, last=last)
     try:
         train.main(ctx)
     except _Stop:
@@ -103,40 +123,83 @@ def one_run(train, cfg: dict, root: Path, *, policy: bool, threads: int, every: 
     return per_step, ckpts
 
 
+def blocked_run(train, cfg: dict, root: Path, *, threads: int, every: int, memory_every: int, pairs: int) -> dict:
+    """One run of 2 x `pairs` blocks; block b spans steps (b*E - E/2, b*E + E/2]."""
+    import json
+
+    half = every // 2
+    n_blocks = 2 * pairs
+
+    def block_of(step: int) -> int:
+        return (step + half - 1) // every
+
+    def is_on(step: int) -> bool:
+        b = block_of(step)
+        if b == 0:
+            return False  # the first half interval: no save falls in it
+        pair, second = divmod(b - 1, 2)
+        return second == pair % 2  # pairs of blocks: on/off, off/on, on/off, ...
+
+    first, last = every - half, n_blocks * every + half  # block 1 starts after step E/2
+    run_dir, job = _job_dir(root, cfg, last + 10, threads)
+    ctx = TimedContext(job=job, bundle_dir=run_dir, workdir=run_dir, attempt=1,
+                       events=EventWriter(run_dir / "events.jsonl"), store=open_store((run_dir / "store").as_uri()),
+                       watcher=NoticeWatcher(None), checkpoint_every=every, memory_every=memory_every,
+                       metrics_every=10, last=last, blocks=is_on, block_end=lambda s: (s + half) % every == 0)
+    try:
+        train.main(ctx)
+    except _Stop:
+        pass
+    ctx.close()
+    ends = [first + b * every for b in range(n_blocks + 1)]  # block b+1 = (ends[b], ends[b+1]]
+    per_block = [(ctx.times[ends[b + 1]] - ctx.times[ends[b]]) / every for b in range(n_blocks)]
+    on = [is_on(ends[b] + 1) for b in range(n_blocks)]
+    pairs_out = [(per_block[i], per_block[i + 1]) if on[i] else (per_block[i + 1], per_block[i])
+                 for i in range(0, n_blocks, 2)]
+    ckpts = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if '"checkpoint"' in x]
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return {"pairs": pairs_out[1:], "checkpoints": ckpts}  # pair 0: warm-up
+
+
 def measure(name: str, args, train, root: Path) -> dict:
-    template = load_template("charlm-finetune")
-    cfg = {**template.config, **MODELS[name]}
+    cfg = {**load_template("charlm-finetune").config, **MODELS[name]}
     every = args.every_100m if name == "100M" else args.every
-    last = args.intervals * every + every // 2  # saves at every, 2*every, ...; half an interval after the last
-    out = {"none": [], "policy": [], "blocked": [], "bytes": None, "every": every, "steps": last - WARMUP}
-    for pair in range(args.pairs):
-        order = (False, True) if pair % 2 == 0 else (True, False)
-        for policy in order:
-            per_step, ckpts = one_run(train, cfg, root, policy=policy, threads=args.threads, every=every,
-                                      memory_every=args.memory_every, last=last)
-            out["policy" if policy else "none"].append(per_step)
-            if policy:
-                out["blocked"] += [c["blocked_seconds"] for c in ckpts if "blocked_seconds" in c]
-                out["bytes"] = ckpts[-1]["bytes"] if ckpts else None
-        print(f"{name} pair {pair + 1}: none {out['none'][-1]:.4f} s/step, policy {out['policy'][-1]:.4f} s/step",
-              flush=True)
-    return out
+    pairs = args.pairs_100m if name == "100M" else args.pairs
+    res = blocked_run(train, cfg, root, threads=args.threads, every=every, memory_every=args.memory_every,
+                      pairs=pairs + 1)
+    ckpts = res["checkpoints"]
+    return {"on": [p[0] for p in res["pairs"]], "off": [p[1] for p in res["pairs"]], "every": every,
+            "blocked": [c["blocked_seconds"] for c in ckpts[1:]], "bytes": ckpts[-1]["bytes"] if ckpts else None}
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[2]
 
 
 def row(name: str, m: dict) -> str:
-    ratios = [p / n - 1 for p, n in zip(m["policy"], m["none"])]
-    med, lo, hi = statistics.median(ratios), min(ratios), max(ratios)
-    resolved = lo > 0 or hi < 0
-    verdict = ("yes" if hi <= GOAL else "**NO**") if resolved else ("yes (bound)" if hi <= GOAL else "not resolved")
+    ratios = [on / off - 1 for on, off in zip(m["on"], m["off"])]
+    med = statistics.median(ratios)
+    lo, hi = _quartiles(ratios)
+    if hi < 0:
+        verdict = "yes (no cost resolved)"
+    elif lo > 0:
+        verdict = "yes" if med <= GOAL else "**NO**"
+    else:
+        verdict = "yes (bound)" if hi <= GOAL else "not resolved"
     blocked = statistics.median(m["blocked"]) if m["blocked"] else None
     size = f"{m['bytes'] / 1e6:.1f} MB" if m["bytes"] else "-"
-    return (f"| {name} | {size} | {m['every']} | {len(ratios)} x {m['steps']} | {statistics.median(m['none']):.4f} | "
-            f"{statistics.median(m['policy']):.4f} | {med * 100:+.1f}% ({lo * 100:+.1f}% .. {hi * 100:+.1f}%) | "
+    cost = statistics.median([(on - off) * m["every"] for on, off in zip(m["on"], m["off"])])
+    return (f"| {name} | {size} | {m['every']} | {len(ratios)} | {statistics.median(m['off']):.4f} | "
+            f"{statistics.median(m['on']):.4f} | {med * 100:+.2f}% ({lo * 100:+.2f}% .. {hi * 100:+.2f}%) | "
+            f"{min(ratios) * 100:+.1f}% .. {max(ratios) * 100:+.1f}% | {cost:.3f} | "
             f"{'-' if blocked is None else f'{blocked:.3f}'} | {verdict} |")
 
 
-HEADER = ("| model | checkpoint | durable every (steps) | pairs x steps | none s/step | policy s/step | "
-          "overhead median (min .. max) | blocked s per durable save | <= 2% |\n|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| model | checkpoint | durable every (steps) | pairs | off s/step | on s/step | "
+          "overhead median (interquartile) | min .. max | s lost per interval (median) | "
+          "blocked s per durable save | <= 2% |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def record(path: Path, rows: list[str], command: str, seconds: float) -> None:
@@ -146,7 +209,9 @@ def record(path: Path, rows: list[str], command: str, seconds: float) -> None:
                f"on {platform.machine()} ({os.cpu_count()} cores, shared with other work), device {plan.device} "
                f"({plan.name}, {plan.precision}), torch {torch.__version__}, "
                f"in {seconds:.0f} s. Command: `{command}`. Memory snapshot every 5 steps (within its 1% cost "
-               "budget). \"yes (bound)\": the spread crosses zero, but even its maximum is within the goal.\n\n"
+               "budget). \"yes (bound)\": the interquartile range crosses zero, and its top is within the goal. "
+               "\"s lost per interval\": training seconds one on block lost against its off partner; the overhead "
+               "at another durable interval is about this / that interval's length in seconds.\n\n"
                f"{HEADER}\n" + "\n".join(rows) + "\n")
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
@@ -159,12 +224,12 @@ def record(path: Path, rows: list[str], command: str, seconds: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="demo,100M")
-    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--pairs", type=int, default=12, help="on/off block pairs for the demo model")
+    ap.add_argument("--pairs-100m", type=int, default=3, help="the same for the 100M model")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--every", type=int, default=40, help="durable checkpoint interval, steps (template: 40)")
     ap.add_argument("--every-100m", type=int, default=40, help="the same for the 100M model")
     ap.add_argument("--memory-every", type=int, default=5)
-    ap.add_argument("--intervals", type=int, default=3, help="durable saves inside each measured window")
     ap.add_argument("--record", type=Path, default=None)
     args = ap.parse_args(argv)
     train = load_train()

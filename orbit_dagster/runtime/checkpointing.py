@@ -163,11 +163,6 @@ def stage(state: Any, spare: dict[str, torch.Tensor] | None = None) -> Any:
     return host
 
 
-def clone_state(obj: Any) -> Any:
-    """A host copy (kept for callers of the earlier name)."""
-    return stage(obj)
-
-
 @dataclass
 class _Ticket:
     """Timing of one durable save, filled by the training thread and read by the writer."""
