@@ -13,7 +13,8 @@ On a host where torch sees a CUDA device, in one run (about 2-4 minutes on one G
 4. determinism: the workload run to step 2K, and again resumed from its step-K checkpoint,
    must end with the same weights digest;
 5. a real CUDA OOM (an allocation larger than the device, and the workload under
-   `device_memory_mb`, which caps the CUDA allocator) is classed `oom` by the agent.
+   `device_memory_mb`, which caps the CUDA allocator) is classed `oom` by the agent;
+6. durable saves of a GPU state reuse their pinned host buffers.
 Without CUDA it prints why and exits 2: nothing is measured, nothing is recorded.
 `--device cpu` runs the same checks on the CPU with small sizes, to test this script.
 """
@@ -79,9 +80,11 @@ def save_throughput(device: str, nbytes: int, repeat: int, root: Path) -> dict:
     ours = IO.Ours((root / "store").as_uri(), root / "work")
     ours.warm_up(state)
     res: dict[str, list] = {k: [] for k in ("durable", "emergency", "raw", "blocked", "write")}
-    size = 0
+    size, reused = 0, []
     for _ in range(repeat):
+        before = {k: v.data_ptr() for k, v in (ours.ck._spare or {}).items()}
         seconds, ev = ours.durable(state)
+        reused.append(bool(before) and before == {k: v.data_ptr() for k, v in (ours.ck._spare or {}).items()})
         res["durable"].append(seconds)
         res["blocked"].append(ev["blocked_seconds"])
         res["write"].append(ev["write_seconds"])
@@ -104,7 +107,7 @@ def save_throughput(device: str, nbytes: int, repeat: int, root: Path) -> dict:
     ours.close()
     med = {k: statistics.median(v) for k, v in res.items()}
     gb = size / 1e9
-    return {"bytes": size, **{f"{k}_s": v for k, v in med.items()},
+    return {"bytes": size, "pinned_buffers_reused": all(reused), **{f"{k}_s": v for k, v in med.items()},
             "durable_gbps": gb / med["durable"], "emergency_gbps": gb / med["emergency"], "raw_gbps": gb / med["raw"],
             "durable_vs_raw": med["raw"] / med["durable"], "emergency_vs_raw": med["raw"] / med["emergency"]}
 
@@ -187,6 +190,7 @@ def render(r: dict) -> str:
         f"| raw: device-to-host + write + fsync (s, GB/s) | {io_['raw_s']:.3f}, {io_['raw_gbps']:.2f} |",
         f"| durable / emergency vs raw (raw s / ours s; goal >= 0.8) | {io_['durable_vs_raw']:.2f} / "
         f"{io_['emergency_vs_raw']:.2f} |",
+        f"| durable saves reuse their pinned host buffers | {io_['pinned_buffers_reused']} |",
         f"| resume from step {r['determinism']['steps'] // 2} bit-identical at step {r['determinism']['steps']}; "
         f"rerun identical | {r['determinism']['resumed_equal']}; {r['determinism']['rerun_equal']} |",
         f"| real CUDA OOM classed `oom`: oversized allocation; workload under a memory cap | "
@@ -249,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         failures.append("determinism")
     if result["oom"]["allocation"] != "oom" or result["oom"]["workload"] != "oom":
         failures.append("oom classification")
+    if not quick and not result["save"]["pinned_buffers_reused"]:
+        failures.append("pinned buffer reuse")
     print(json.dumps(result, indent=1, default=str) if args.json else render(result))
     if args.record:
         record(args.record, render(result))

@@ -77,7 +77,7 @@ def test_encode_digests_the_weights_in_parallel_and_raises_its_errors_on_the_cal
         encode(state, {"w": "not a tensor"})
 
 
-def test_stage_is_a_copy_later_steps_cannot_change_and_reuses_buffers():
+def test_stage_is_a_copy_later_steps_cannot_change():
     state = make_state()
     state["model"]["strided"] = torch.randn(64, 32).t()  # not contiguous
     host = stage(state)
@@ -86,12 +86,12 @@ def test_stage_is_a_copy_later_steps_cannot_change_and_reuses_buffers():
     state["optim"]["param_groups"][0]["params"].append(99)
     assert not D.same_bytes(host["model"]["layer0.weight"], state["model"]["layer0.weight"])
     assert host["optim"]["param_groups"][0]["params"] == [0, 1, 2, 3]
+    # CPU tensors get fresh memory every time (a kept pageable copy can be paged out while idle);
+    # only pinned buffers (a GPU state's) are reused: that path needs CUDA (bench/gpu_check.py).
     spare = {k: v for k, v in D.flatten(host).items() if isinstance(v, torch.Tensor)}
     again = stage(state, spare)
     assert_same(again, state)
-    assert again["model"]["layer1.weight"].data_ptr() == spare['["model", "layer1.weight"]'].data_ptr()
-    state["model"]["head.weight"] = torch.randn(2048)  # a new shape: a new buffer
-    assert stage(state, spare)["model"]["head.weight"].shape == (2048,)
+    assert again["model"]["layer1.weight"].data_ptr() != spare['["model", "layer1.weight"]'].data_ptr()
 
 
 def test_same_bytes_is_exact():
@@ -165,7 +165,7 @@ def test_emergency_delta_against_the_landed_base_resumes_exactly(tmp_path):
     ck.close()
 
 
-def test_full_fine_tune_keeps_no_base_recycles_buffers_and_saves_in_full(tmp_path):
+def test_full_fine_tune_keeps_no_base_and_saves_in_full(tmp_path):
     ck, store = checkpointer(tmp_path)
     state = make_state()
 
@@ -180,14 +180,9 @@ def test_full_fine_tune_keeps_no_base_recycles_buffers_and_saves_in_full(tmp_pat
     train_step()
     ck.save_durable_async(2, state, {})
     ck.flush()
-    assert ck._base is None and ck._spare  # everything was written to: no base; buffers kept for reuse
-    spare_ptr = ck._spare['["model", "layer0.weight"]'].data_ptr()
+    assert ck._base is None and ck._spare is None  # all of it was written to: nothing kept (CPU: no pinned buffers)
     train_step()
-    ck.save_durable_async(3, state, {})
-    ck.flush()
-    assert ck._spare['["model", "layer0.weight"]'].data_ptr() == spare_ptr  # the same host buffer, reused
-    train_step()
-    uri = ck.save_emergency(4, state, {}, source="sigterm")
+    uri = ck.save_emergency(3, state, {}, source="sigterm")
     ev = checkpoints(tmp_path)[-1]
     assert "delta_of" not in ev and ev["changed_measure"] == "writes" and ev["changed_fraction"] > 0.99
     assert_same(load(store, uri, tmp_path), state)
@@ -206,18 +201,17 @@ def test_emergency_from_memory_does_not_block_training(tmp_path):
     ck.close()
 
 
-def test_memory_snapshots_reuse_their_buffers_and_respect_their_budget(tmp_path, monkeypatch):
+def test_memory_snapshots_respect_their_cost_budget(tmp_path, monkeypatch):
     import orbit_dagster.runtime.checkpointing as C
 
     ck, _ = checkpointer(tmp_path)
     state = make_state()
     assert ck.snapshot_memory(5, state, {})
-    ptr = ck.memory[1]["model"]["layer0.weight"].data_ptr()
     state["model"]["layer0.weight"].add_(1)
     monkeypatch.setattr(C, "MEMORY_BUDGET", 1.0)  # any snapshot cost is affordable
     time.sleep(ck._memory_cost * 1.1)
     assert ck.snapshot_memory(10, state, {})
-    assert ck.memory[0] == 10 and ck.memory[1]["model"]["layer0.weight"].data_ptr() == ptr
+    assert ck.memory[0] == 10
     assert D.same_bytes(ck.memory[1]["model"]["layer0.weight"], state["model"]["layer0.weight"])
     monkeypatch.setattr(C, "MEMORY_BUDGET", 1e-9)  # now nothing is: the next one is skipped
     assert not ck.snapshot_memory(15, state, {}) and ck.memory[0] == 10
