@@ -132,10 +132,9 @@ def stage(state: Any, spare: dict[str, torch.Tensor] | None = None) -> Any:
     CUDA tensors go to pinned buffers, asynchronously, synchronised once at the end; the
     pinned buffers of `spare` (a flattened earlier copy) are reused where path, shape and
     dtype match, because pinning memory is slow (a driver call per allocation). CPU tensors
-    get fresh memory each time: pageable memory that sits idle between saves may be paged
-    out by the kernel's proactive reclaim (measured on a VM: refilling an idle 100 MB
-    buffer took 0.07 s, fresh memory 0.028 s), and a kept copy would hold the state's size
-    in memory between saves for nothing.
+    get fresh memory each time: a kept pageable copy would hold the state's size in memory
+    between saves, and on the VM our figures come from it was not faster to refill (idle
+    pages are paged out by the kernel's proactive reclaim, so they fault in again anyway).
     """
     spare = spare or {}
     devices: set[torch.device] = set()
