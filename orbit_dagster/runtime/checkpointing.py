@@ -10,160 +10,30 @@
    anything else, and reported before the deadline.
 A checkpoint becomes visible only with its manifest (see orbit_dagster.storage).
 
-Each byte is hashed once: the file's sha256 (the manifest's integrity contract) while
-torch.save writes it, and the weights once more for the weights digest, in parallel.
-torch.save's own zip CRC32 is switched off for these saves: it was a second checksum of
-every byte (as slow as the sha256 here) and the manifest's sha256 already covers them.
-Every checkpoint event reports `save_seconds` (save call -> checkpoint durable),
+Each byte is hashed once (see runtime.encoding). Every checkpoint event reports `save_seconds` (save call -> checkpoint durable),
 `blocked_seconds` (of that, the training thread's share) and `write_seconds` (serialise,
 hash and store put).
 """
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import io
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from ..storage.base import CheckpointManifest, CheckpointStore, checkpoint_dir_name
 from . import delta as D
+from .encoding import encode, has_cuda, stage, weights_digest
 from .events import EventWriter
+
+__all__ = ["STATE_FILE", "MEMORY_BUDGET", "Checkpointer", "weights_digest"]  # weights_digest: the control plane's too
 
 STATE_FILE = "state.pt"
 MEMORY_BUDGET = 0.01  # memory snapshots may take at most this share of the training time
-
-
-def weights_digest(model_state: dict[str, torch.Tensor]) -> str:
-    """sha256 over names, dtypes, shapes and raw bytes of the weights: 'same model' exactly."""
-    h = hashlib.sha256()
-    for name in sorted(model_state):
-        t = model_state[name].detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the buffer itself: no copy of the bytes
-    return h.hexdigest()
-
-
-# ---- serialisation ------------------------------------------------------------------
-_crc_lock = threading.Lock()
-_crc_users = 0
-
-
-@contextlib.contextmanager
-def _without_zip_crc() -> Iterator[None]:
-    """torch.save without its CRC32 pass while any of our saves runs (process-wide setting,
-    so reference-counted: two of our saves may overlap)."""
-    global _crc_users
-    try:
-        from torch.utils.serialization import config
-    except ImportError:  # older torch: no switch, the CRC is computed
-        yield
-        return
-    with _crc_lock:
-        if _crc_users == 0:
-            _without_zip_crc.previous = config.save.compute_crc32  # type: ignore[attr-defined]
-            config.save.compute_crc32 = False
-        _crc_users += 1
-    try:
-        yield
-    finally:
-        with _crc_lock:
-            _crc_users -= 1
-            if _crc_users == 0:
-                config.save.compute_crc32 = _without_zip_crc.previous  # type: ignore[attr-defined]
-
-
-class _HashingBuffer(io.BytesIO):
-    """A BytesIO that hashes what torch.save writes as it is written (one read of each byte)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sha256 = hashlib.sha256()
-
-    def write(self, data) -> int:  # type: ignore[override]
-        self.sha256.update(data)
-        return super().write(data)
-
-
-def serialise(state: dict[str, Any]) -> tuple[bytes, str]:
-    """(torch.save bytes of `state`, their sha256)."""
-    buf = _HashingBuffer()
-    with _without_zip_crc():
-        torch.save(state, buf)
-    return buf.getvalue(), buf.sha256.hexdigest()
-
-
-def encode(payload: dict[str, Any], model_state: dict[str, torch.Tensor]) -> tuple[bytes, str, str]:
-    """(blob, blob sha256, weights digest); the weights are hashed in a second thread
-    while the blob is written and hashed (hashlib releases the GIL)."""
-    out: dict[str, Any] = {}
-
-    def digest() -> None:
-        try:
-            out["weights"] = weights_digest(model_state)
-        except BaseException as exc:  # re-raised below, on the caller's thread
-            out["error"] = exc
-
-    worker = threading.Thread(target=digest, name="weights-digest", daemon=True)
-    worker.start()
-    try:
-        blob, sha = serialise(payload)
-    finally:
-        worker.join()
-    if "error" in out:
-        raise out["error"]
-    return blob, sha, out["weights"]
-
-
-# ---- host copies --------------------------------------------------------------------
-def _has_cuda(state: Any) -> bool:
-    return any(isinstance(v, torch.Tensor) and v.is_cuda for _, v in D.leaves(state))
-
-
-def stage(state: Any, spare: dict[str, torch.Tensor] | None = None) -> Any:
-    """A host copy of `state` that later training steps cannot change.
-
-    CUDA tensors go to pinned buffers, asynchronously, synchronised once at the end; the
-    pinned buffers of `spare` (a flattened earlier copy) are reused where path, shape and
-    dtype match, because pinning memory is slow (a driver call per allocation). CPU tensors
-    get fresh memory each time: a kept pageable copy would hold the state's size in memory
-    between saves, and on the VM our figures come from it was not faster to refill (idle
-    pages are paged out by the kernel's proactive reclaim, so they fault in again anyway).
-    """
-    spare = spare or {}
-    devices: set[torch.device] = set()
-
-    def copy(obj: Any, path: tuple) -> Any:
-        if isinstance(obj, torch.Tensor):
-            src = obj.detach()
-            pin = src.is_cuda
-            buf = spare.get(D.path_key(path)) if pin else None
-            if (buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.layout != src.layout
-                    or src.layout != torch.strided or not buf.is_pinned()):
-                if src.layout != torch.strided:
-                    return src.to("cpu", copy=True)
-                buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
-            if pin:
-                devices.add(src.device)
-            return buf.copy_(src, non_blocking=pin)
-        if isinstance(obj, dict):
-            return {k: copy(v, path + (k,)) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)) and any(isinstance(v, (dict, torch.Tensor)) for v in obj):
-            return type(obj)(copy(v, path + (i,)) for i, v in enumerate(obj))
-        if isinstance(obj, list):
-            return list(obj)  # a later step may append to the live one
-        return obj
-
-    host = copy(state, ())
-    for dev in devices:
-        torch.cuda.synchronize(dev)
-    return host
 
 
 @dataclass
@@ -304,7 +174,7 @@ class Checkpointer:
         called = time.perf_counter()
         # On the CPU the live state is consistent (the workload stops after this save); a
         # GPU state is copied to the host, where it is compared and serialised.
-        host = stage(state) if _has_cuda(state) else state
+        host = stage(state) if has_cuda(state) else state
         extra: dict = {}
         payload = host
         base = self._base

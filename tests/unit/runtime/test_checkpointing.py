@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from orbit_dagster.runtime import delta as D
-from orbit_dagster.runtime.checkpointing import STATE_FILE, Checkpointer, encode, serialise, stage, weights_digest
+from orbit_dagster.runtime.checkpointing import STATE_FILE, Checkpointer
+from orbit_dagster.runtime.encoding import encode, serialise, stage, weights_digest
 from orbit_dagster.runtime.events import EventWriter
 from orbit_dagster.storage import open_store
 from orbit_dagster.storage.base import sha256_bytes
