@@ -54,6 +54,7 @@ from orbit_dagster.storage import open_store  # noqa: E402
 BEGIN, END = "<!-- checkpoint-io:begin -->", "<!-- checkpoint-io:end -->"
 PART = 16 << 20  # the S3 store's default part size
 GOAL = 0.8
+LOAD_AT_START = os.getloadavg()[0]  # other processes' load, recorded with the figures
 
 
 def parse_size(text: str) -> int:
@@ -353,7 +354,8 @@ HEADER = ("| state | operation | ours s (throughput) | raw | raw s (throughput) 
 def record(path: Path, rows: list[str], command: str, seconds: float) -> None:
     text = path.read_text(encoding="utf-8")
     section = (f"\n## Checkpoint I/O (bench/checkpoint_io.py)\n\nMeasured {date.today().isoformat()} on "
-               f"{platform.machine()} ({os.cpu_count()} cores, shared with other work), torch {torch.__version__}, "
+               f"{platform.machine()} ({os.cpu_count()} cores, shared with other work: load average "
+               f"{LOAD_AT_START:.1f} at the start, {os.getloadavg()[0]:.1f} at the end), torch {torch.__version__}, "
                f"in {seconds:.0f} s. Command: `{command}`.\n\n{HEADER}\n" + "\n".join(rows) + "\n")
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)

@@ -54,6 +54,7 @@ from orbit_dagster.storage import open_store  # noqa: E402
 WORKLOAD = REPO / "orbit_dagster" / "workloads" / "charlm"
 BEGIN, END = "<!-- step-overhead:begin -->", "<!-- step-overhead:end -->"
 GOAL = 0.02
+LOAD_AT_START = os.getloadavg()[0]  # other processes' load, recorded with the figures
 MODELS = {
     "demo": {},
     "100M": {"d_model": 768, "n_heads": 12, "n_layers": 14, "micro_batch": 1, "grad_accum": 1, "dropout": 0.0},
@@ -225,7 +226,8 @@ def record(path: Path, rows: list[str], command: str, seconds: float) -> None:
     text = path.read_text(encoding="utf-8")
     plan = devices.plan()
     section = (f"\n## Checkpoint step-time overhead (bench/step_overhead.py)\n\nMeasured {date.today().isoformat()} "
-               f"on {platform.machine()} ({os.cpu_count()} cores, shared with other work), device {plan.device} "
+               f"on {platform.machine()} ({os.cpu_count()} cores, shared with other work: load average "
+               f"{LOAD_AT_START:.1f} at the start, {os.getloadavg()[0]:.1f} at the end), device {plan.device} "
                f"({plan.name}, {plan.precision}), torch {torch.__version__}, "
                f"in {seconds:.0f} s. Command: `{command}`. Memory snapshot every 5 steps (within its 1% cost "
                "budget). \"yes (bound)\": the interquartile range crosses zero, and its top is within the goal. "
