@@ -137,7 +137,9 @@ def _emergency_after_sigterm(tmp_path, trainable):
 def test_emergency_is_a_delta_only_when_that_is_smaller(tmp_path):
     # Head-only fine-tune: a small part of the state changes, so the emergency save is a delta ...
     b, durable, emergency = _emergency_after_sigterm(tmp_path / "head", "head")
-    assert emergency["delta_of"] == durable[-1]["uri"] and emergency["changed_fraction"] < 0.5
+    # Its base is a durable checkpoint that had landed before it (one still being written may never land).
+    assert emergency["delta_of"] in [e["uri"] for e in durable if e["seq"] < emergency["seq"]]
+    assert emergency["changed_fraction"] < 0.5
     assert emergency["bytes"] < 0.7 * durable[-1]["bytes"]
     # ... and resuming from it (base + delta) gives exactly the weights an uninterrupted run has.
     stop = emergency["step"] + 3
