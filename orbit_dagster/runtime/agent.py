@@ -96,6 +96,36 @@ def load_entrypoint(bundle: Path, name: str):
     return module
 
 
+# What allocators say when they run out, as torch surfaces it: the caching allocator raises
+# torch.OutOfMemoryError, but an allocation outside it (cuBLAS/cuDNN workspaces, a kernel
+# launch, the CPU allocator) arrives as a RuntimeError with one of these in its message.
+OOM_MESSAGES = (
+    "cuda out of memory",
+    "cuda error: out of memory",
+    "cudaerrormemoryallocation",
+    "cublas_status_alloc_failed",
+    "cudnn_status_alloc_failed",
+    "hip out of memory",
+    "mps backend out of memory",
+    "defaultcpuallocator: can't allocate memory",
+)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """An allocation failure, here or anywhere in the chain of causes (a workload may wrap it)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, MemoryError) or any(c.__name__ == "OutOfMemoryError" for c in type(cur).__mro__):
+            return True
+        text = str(cur).lower()
+        if any(m in text for m in OOM_MESSAGES):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
 def classify_exception(exc: BaseException) -> tuple[int, str]:
     from .sdk import Diverged, Preempted
 
@@ -109,7 +139,7 @@ def classify_exception(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, Diverged):
         return EXIT_DIVERGED, str(exc)
     text = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError":
+    if is_out_of_memory(exc):
         return EXIT_OOM, text
     return EXIT_USER_ERROR, text
 

@@ -1,57 +1,48 @@
 """Tiered checkpoints on the host.
 
-1. memory: a clone of the state every few steps (cheap; lets an emergency save proceed even
-   when a training step is long and the notice lands mid-step);
-2. durable: every N steps to the checkpoint store, serialised on the training thread (a
-   consistent snapshot in a few ms) and written by a background thread while training
-   continues;
+1. memory: a host copy of the state every few steps, never more often than its cost
+   allows (MEMORY_BUDGET); lets an emergency save proceed even when a training step is
+   long and the notice lands mid-step;
+2. durable: every N steps to the checkpoint store. The training thread only copies the
+   state to host memory (pinned buffers, reused between saves, when the state is on a
+   GPU) and goes on; a background thread serialises, hashes and writes it;
 3. emergency: on a reclaim notice, the newest state is persisted synchronously, ahead of
    anything else, and reported before the deadline.
 A checkpoint becomes visible only with its manifest (see orbit_dagster.storage).
+
+Each byte is hashed once (see runtime.encoding). Every checkpoint event reports `save_seconds` (save call -> checkpoint durable),
+`blocked_seconds` (of that, the training thread's share) and `write_seconds` (serialise,
+hash and store put).
 """
 from __future__ import annotations
 
-import hashlib
-import io
 import queue
 import threading
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 import torch
 
-from ..storage.base import CheckpointManifest, CheckpointStore, checkpoint_dir_name, sha256_bytes
+from ..storage.base import CheckpointManifest, CheckpointStore, checkpoint_dir_name
 from . import delta as D
+from .encoding import encode, has_cuda, stage, weights_digest
 from .events import EventWriter
 
+__all__ = ["STATE_FILE", "MEMORY_BUDGET", "Checkpointer", "weights_digest"]  # weights_digest: the control plane's too
+
 STATE_FILE = "state.pt"
+MEMORY_BUDGET = 0.01  # memory snapshots may take at most this share of the training time
 
 
-def weights_digest(model_state: dict[str, torch.Tensor]) -> str:
-    """sha256 over names, dtypes, shapes and raw bytes of the weights: 'same model' exactly."""
-    h = hashlib.sha256()
-    for name in sorted(model_state):
-        t = model_state[name].detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+@dataclass
+class _Ticket:
+    """Timing of one durable save, filled by the training thread and read by the writer."""
 
-
-def serialise(state: dict[str, Any]) -> bytes:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    return buf.getvalue()
-
-
-def clone_state(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: clone_state(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(clone_state(v) for v in obj)
-    return obj
+    called: float
+    blocked: float = 0.0
+    ready: threading.Event = field(default_factory=threading.Event)
 
 
 class Checkpointer:
@@ -70,73 +61,147 @@ class Checkpointer:
         self.attempt = attempt
         self.parent_uri = parent_uri
         self.last_durable_step: int | None = None
-        self.memory: tuple[int, dict, dict] | None = None  # (step, state, metrics)
+        self.memory: tuple[int, dict, dict] | None = None  # (step, host state, metrics)
+        self._memory_lock = threading.Lock()
+        self._memory_cost: float | None = None  # seconds the last memory snapshot took
+        self._memory_at = 0.0
         self.save_seconds: list[float] = []
         self._queue: queue.Queue = queue.Queue(maxsize=1)
-        self._lock = threading.Lock()  # serialises puts (emergency vs background writer)
+        self._lock = threading.Lock()  # serialises claims of a step (emergency vs background writer)
         self._saved_steps: set[int] = set()
-        self._durable_digests: dict[str, str] | None = None  # of the last durable state
-        self._durable_uri: str | None = None
+        # The last landed durable checkpoint, (uri, flattened host copy): the base an
+        # emergency delta is compared with. Kept only while deltas can pay off (see _keep_base).
+        self._base: tuple[str, dict[str, Any]] | None = None
+        self._versions: dict[str, tuple[int, int]] | None = None
+        self._spare: dict[str, torch.Tensor] | None = None  # pinned buffers to reuse for the next durable copy
         self._writer = threading.Thread(target=self._drain, name="durable-writer", daemon=True)
         self._writer.start()
         self._errors: list[BaseException] = []
 
     # ---- tier 1 -------------------------------------------------------------------
-    def snapshot_memory(self, step: int, state: dict, metrics: dict) -> None:
-        self.memory = (step, clone_state(state), dict(metrics))
+    def snapshot_memory(self, step: int, state: dict, metrics: dict) -> bool:
+        """Copy the state to host memory (a GPU state into the previous snapshot's pinned
+        buffers). Skipped (False) while the last copy's cost exceeds MEMORY_BUDGET of the time
+        since it: for a large model every few steps would be a visible share of training."""
+        began = time.perf_counter()
+        if self._memory_cost is not None and began - self._memory_at < self._memory_cost / MEMORY_BUDGET:
+            return False
+        with self._memory_lock:  # never while the notice fallback is writing the snapshot
+            previous, self.memory = self.memory, None  # its buffers are overwritten: not a snapshot meanwhile
+            spare = None if previous is None else {k: v for k, v in D.flatten(previous[1]).items()
+                                                   if isinstance(v, torch.Tensor)}
+            self.memory = (step, stage(state, spare), dict(metrics))
+        self._memory_at = time.perf_counter()
+        self._memory_cost = self._memory_at - began
+        return True
 
     # ---- tier 2 -------------------------------------------------------------------
     def save_durable_async(self, step: int, state: dict, metrics: dict) -> None:
+        ticket = _Ticket(time.perf_counter())
         self._raise_writer_errors()
-        blob = serialise(state)
-        digest = weights_digest(state["model"])
-        # Kept for a later emergency delta; taken now, while the state is this step's.
-        self._durable_digests = D.digests(state)
-        self._durable_uri = self.store.uri_for(self.job_id, checkpoint_dir_name(step, self.attempt))
-        # Blocks only if the previous durable save is still being written (backpressure).
-        self._queue.put((step, blob, digest, dict(metrics), "durable", time.time()))
+        keep_base = self._keep_base(state)
+        with self._lock:
+            spare, self._spare = self._spare, None
+        snapshot = stage(state, spare)
+        # Blocks only if the previous durable save is still queued (backpressure).
+        self._queue.put((step, snapshot, dict(metrics), ticket, keep_base))
+        ticket.blocked = time.perf_counter() - ticket.called
+        ticket.ready.set()
+
+    def _keep_base(self, state: dict) -> bool:
+        """Keep this save's host copy as the delta base only when, since the previous durable
+        save, at most MAX_CHANGED_FRACTION of the bytes were written to (frozen layers, a head
+        fine-tune). In a full fine-tune every emergency save is a full one, and the copy would
+        only hold memory."""
+        fraction, self._versions = self._written_since_durable(state)
+        return fraction is None or fraction <= D.MAX_CHANGED_FRACTION
+
+    def _written_since_durable(self, state: dict) -> tuple[float | None, dict[str, tuple[int, int]]]:
+        """(fraction of tensor bytes written to since the last durable save or None before the
+        first, the tensors' versions now). In-place writes bump a tensor's version counter, so
+        this reads no data; an over-estimate of what changed, used to decide what to keep and
+        to report, never to decide what a delta leaves out (that compares bytes)."""
+        flat = {k: v for k, v in D.flatten(state).items() if isinstance(v, torch.Tensor)}
+        versions = {k: (getattr(v, "_version", -1), v.data_ptr()) for k, v in flat.items()}
+        if self._versions is None:
+            return None, versions
+        total = sum(D.nbytes(v) for v in flat.values()) or 1
+        written = sum(D.nbytes(v) for k, v in flat.items() if versions[k][0] < 0 or self._versions.get(k) != versions[k])
+        return written / total, versions
 
     def _drain(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
+                self._queue.task_done()
                 return
             try:
-                self._put(*item)
+                self._write_durable(*item)
             except BaseException as exc:  # surfaced on the training thread
                 self._errors.append(exc)
             finally:
                 self._queue.task_done()
+
+    def _write_durable(self, step: int, snapshot: dict, metrics: dict, ticket: _Ticket, keep_base: bool) -> None:
+        started = time.perf_counter()
+        blob, sha, weights = encode(snapshot, snapshot["model"])
+        ticket.ready.wait()
+        uri = self._put(step, blob, sha, weights, metrics, "durable", called=ticket.called, started=started,
+                        blocked=ticket.blocked)
+        del blob
+        if uri is None:
+            return
+        if keep_base:
+            self._base = (uri, D.flatten(snapshot))  # the old base is dropped, never recycled (a reader may hold it)
+        else:
+            self._base = None
+            pinned = {k: v for k, v in D.flatten(snapshot).items() if isinstance(v, torch.Tensor) and v.is_pinned()}
+            with self._lock:
+                self._spare = pinned or None
 
     def _raise_writer_errors(self) -> None:
         if self._errors:
             raise self._errors.pop(0)
 
     # ---- tier 3 -------------------------------------------------------------------
-    def save_emergency(self, step: int, state: dict, metrics: dict, *, source: str) -> str | None:
-        """Persist the newest state now, ahead of any queued durable write."""
+    def save_emergency(self, step: int, state: dict, metrics: dict, *, source: str, blocking: bool = True) -> str | None:
+        """Persist the newest state now, ahead of any queued durable write.
+
+        `blocking`: the caller is the training thread (its whole duration is blocked time).
+        """
         if step in self._saved_steps:
             return None
-        t0 = time.time()
+        called = time.perf_counter()
+        # On the CPU the live state is consistent (the workload stops after this save); a
+        # GPU state is copied to the host, where it is compared and serialised.
+        host = stage(state) if has_cuda(state) else state
         extra: dict = {}
-        payload = state
-        if self._durable_digests is not None and self._durable_uri is not None:
-            delta, fraction = D.make_delta(state, self._durable_digests, self._durable_uri)
-            extra = {"changed_fraction": round(fraction, 6)}
+        payload = host
+        base = self._base
+        if base is not None:
+            delta, fraction = D.make_delta(host, base[1], base[0])
+            extra = {"changed_fraction": round(fraction, 6), "changed_measure": "bytes"}
             if delta is not None:
-                payload, extra["delta_of"] = delta, self._durable_uri
-        blob = serialise(payload)
-        return self._put(step, blob, weights_digest(state["model"]), metrics, "emergency", t0, source=source,
-                         extra=extra)
+                payload, extra["delta_of"] = delta, base[0]
+        elif blocking and self._versions is not None:  # the live state (a memory copy has fresh versions)
+            # No base kept (a full fine-tune): say how much was written since the last durable save.
+            written, _ = self._written_since_durable(state)
+            extra = {"changed_fraction": round(written or 0.0, 6), "changed_measure": "writes"}
+        started = time.perf_counter()
+        blob, sha, weights = encode(payload, host["model"])
+        return self._put(step, blob, sha, weights, metrics, "emergency", called=called, started=started,
+                         blocked=None if blocking else 0.0, source=source, extra=extra)
 
     def emergency_from_memory(self, *, source: str) -> str | None:
-        if self.memory is None:
-            return None
-        step, state, metrics = self.memory
-        return self.save_emergency(step, state, metrics, source=source)
+        with self._memory_lock:  # the training thread may not overwrite it while it is written
+            if self.memory is None:
+                return None
+            step, state, metrics = self.memory
+            return self.save_emergency(step, state, metrics, source=source, blocking=False)
 
     # ---- common -------------------------------------------------------------------
-    def _put(self, step: int, blob: bytes, weights_sha: str, metrics: dict, tier: str, t0: float, source: str = "",
+    def _put(self, step: int, blob: bytes, blob_sha256: str, weights_sha: str, metrics: dict, tier: str, *,
+             called: float, started: float, blocked: float | None, source: str = "",
              extra: dict | None = None) -> str | None:
         name = checkpoint_dir_name(step, self.attempt)
         with self._lock:
@@ -151,7 +216,7 @@ class Checkpointer:
             job_id=self.job_id,
             step=step,
             tier=tier,
-            files={STATE_FILE: {"sha256": sha256_bytes(blob), "bytes": len(blob)}},
+            files={STATE_FILE: {"sha256": blob_sha256, "bytes": len(blob)}},
             weights_sha256=weights_sha,
             parent=parent,
             created_at=datetime.now(timezone.utc).isoformat(),
@@ -159,7 +224,8 @@ class Checkpointer:
             meta={"metrics": metrics, **(extra or {})},
         )
         uri = self.store.put(self.job_id, name, {STATE_FILE: blob}, manifest)
-        seconds = time.time() - t0
+        landed = time.perf_counter()
+        seconds = landed - called
         self.save_seconds.append(seconds)
         if tier == "durable":
             self.last_durable_step = max(step, self.last_durable_step or 0)
@@ -174,6 +240,8 @@ class Checkpointer:
             parent=parent,
             train_loss=metrics.get("train/loss"),
             save_seconds=round(seconds, 6),
+            blocked_seconds=round(seconds if blocked is None else blocked, 6),
+            write_seconds=round(landed - started, 6),
             attempt=self.attempt,
             source=source or None,
             **(extra or {}),

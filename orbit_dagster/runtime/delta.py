@@ -6,10 +6,15 @@ fine-tune), writing just the changed tensors is measurably smaller and faster; w
 everything changed (a full fine-tune with Adam), a delta would be the full state plus
 bookkeeping, so the full state is written instead. The rule is the measured fraction of
 changed bytes.
+
+What changed is decided by comparing bytes with the base's host copy (kept by the
+checkpointer), not by hashing: the durable save then hashes nothing for the delta's sake,
+and the comparison is exact (a tensor that went from 0.0 to -0.0, or to a NaN with another
+payload, counts as changed) and runs at memory speed, where a digest of every tensor cost
+one more pass over the whole state on every durable save.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any, Iterator
 
@@ -35,30 +40,39 @@ def path_key(path: tuple) -> str:
     return json.dumps(list(path))
 
 
-def digest(value: Any) -> str:
-    h = hashlib.sha1()
-    if isinstance(value, torch.Tensor):
-        t = value.detach().cpu().contiguous()
-        h.update(f"{t.dtype}|{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    else:
-        h.update(repr(value).encode())
-    return h.hexdigest()
+def flatten(state: Any) -> dict[str, Any]:
+    return {path_key(p): v for p, v in leaves(state)}
 
 
 def nbytes(value: Any) -> int:
     return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
 
 
-def digests(state: Any) -> dict[str, str]:
-    return {path_key(p): digest(v) for p, v in leaves(state)}
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
-def make_delta(state: Any, base: dict[str, str], base_uri: str) -> tuple[dict | None, float]:
-    """(delta payload or None when a full save is better, fraction of bytes changed)."""
-    flat = {path_key(p): v for p, v in leaves(state)}
+def same_bytes(a: Any, b: Any) -> bool:
+    """True when both are dense tensors of one dtype and shape holding identical bytes."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    if a.layout != torch.strided or b.layout != torch.strided:
+        return False  # sparse/quantised layouts: always saved, never compared
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.device != b.device:
+        b = b.to(a.device)
+    return bool(torch.equal(_raw(a), _raw(b)))
+
+
+def make_delta(state: Any, base: dict[str, Any], base_uri: str) -> tuple[dict | None, float]:
+    """(delta payload or None when a full save is better, fraction of bytes changed).
+
+    `base` is the flattened base state (`flatten`), on the same host as `state`.
+    """
+    flat = flatten(state)
     total = sum(nbytes(v) for v in flat.values()) or 1
-    changed = {k: v for k, v in flat.items() if base.get(k) != digest(v) or not isinstance(v, torch.Tensor)}
+    changed = {k: v for k, v in flat.items() if not isinstance(v, torch.Tensor) or not same_bytes(v, base.get(k))}
     fraction = sum(nbytes(v) for v in changed.values()) / total
     if fraction > MAX_CHANGED_FRACTION:
         return None, fraction

@@ -61,6 +61,12 @@ def measure_matmul_tflops(*, device: str | None = None, seconds: float = 1.0, si
     if not isinstance(seconds, (int, float)) or not seconds > 0:
         raise ValueError(f"probe seconds={seconds!r}; fix: pass a positive duration, e.g. 1.0")
     dev = _resolve(device)
+    if dev.type == "cuda":
+        # The probe may make the process's first cuBLAS handle: fix its workspace now, or a
+        # deterministic workload later in this process would not be (see runtime.device).
+        from .device import prepare_cuda_determinism
+
+        prepare_cuda_determinism()
     n = _DEFAULT_SIZE[dev.type] if size is None else size
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"probe size={size!r}; fix: pass a positive matrix size, e.g. 1024")

@@ -4,6 +4,10 @@ A workload script defines `main(ctx: RunContext)` and calls `ctx.step_done(step,
 metrics)` after every optimiser step; the context decides, per the recorded policy, when
 to snapshot in memory, when to write a durable checkpoint, and whether a reclaim notice
 requires an emergency checkpoint now (after which it raises `Preempted`).
+
+The device is the runtime's choice (`ctx.device`: CUDA when present, else the CPU, see
+`runtime.device`); the workload moves its model and batches there, wraps its forward pass
+in `ctx.autocast()` and calls `ctx.deterministic()` before building anything.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from typing import Any, Callable
 import torch
 
 from ..storage.base import CheckpointStore
+from . import device as devices
 from .checkpointing import STATE_FILE, Checkpointer
 from .delta import DELTA_KEY, apply_delta, is_delta
 from .events import EventWriter
@@ -76,6 +81,10 @@ class RunContext:
         self.eval_checkpoint = eval_checkpoint
         self.expect_sha256 = expect_sha256
         self.stop_after_step = stop_after_step  # for tests: simulate a crash after this step
+        # Chosen before any workload code runs (DeviceError, a user error, when ORBIT_DEVICE
+        # names a device this host lacks).
+        self.device_plan = devices.plan()
+        events.emit("device", **self.device_plan.describe())
         self.checkpointer = (
             Checkpointer(store, events, job_id=self.job_id, attempt=attempt, parent_uri=resume_from) if store else None
         )
@@ -86,6 +95,19 @@ class RunContext:
         self._step_lock = threading.Lock()
         self.last_step: int | None = None
         self.eval_metrics: dict[str, float] | None = None
+
+    # ---- device -------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.device_plan.device
+
+    def autocast(self):
+        """Context manager for the forward pass: bf16 autocast on a GPU that supports it, else fp32."""
+        return devices.autocast(self.device_plan)
+
+    def deterministic(self) -> None:
+        """Settings under which a resumed run is bit-identical to an uninterrupted one on this host."""
+        devices.make_deterministic(self.device, self.threads)
 
     # ---- resume -------------------------------------------------------------------
     def _load(self, uri: str, purpose: str) -> dict[str, Any]:

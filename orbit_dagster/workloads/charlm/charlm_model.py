@@ -78,7 +78,8 @@ def build_model(cfg: dict, vocab_size: int) -> CharTransformer:
 
 
 def activation_mb(cfg: dict) -> float:
-    """Rough activation memory of one micro-batch (forward + backward), in MB."""
+    """Rough activation memory of one micro-batch (forward + backward), in MB: the CPU
+    stand-in for a device memory limit (a CPU has no allocator cap to hit)."""
     mb, t, d, h, n = (int(cfg.get(k, v)) for k, v in (("micro_batch", 16), ("seq_len", 64), ("d_model", 128), ("n_heads", 4), ("n_layers", 2)))
     per_layer = mb * t * d * 4 * 16 + mb * h * t * t * 4 * 3
     return n * per_layer / 2**20
@@ -91,8 +92,3 @@ def lr_at(step: int, total: int, base: float, warmup_frac: float) -> float:
         return base * (step + 1) / warm
     progress = (step - warm) / max(1, total - warm)
     return base * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def deterministic(threads: int) -> None:
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True)

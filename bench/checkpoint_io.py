@@ -1,0 +1,407 @@
+"""Checkpoint save and load against the raw I/O of the same bytes, side by side in one run.
+
+    python bench/checkpoint_io.py [--sizes 100M,1G] [--repeat 3] [--no-s3] [--dir DIR] [--record FILE]
+
+For each state size (a model-shaped state: weights + two Adam moments, seeded):
+- filesystem, save: our durable save (the training thread's copy, then serialise + sha256
+  + the store's put, until the checkpoint is durable) and our emergency save (synchronous,
+  full) against a raw write of the same bytes from memory to a new file in the same
+  directory + fsync; also raw write + one sha256 of the bytes, the floor any save that
+  hashes before it writes can reach;
+- filesystem, load: our resume path (store fetch: verify the sha256, copy into the
+  workdir; then torch.load with weights_only=True) against a raw read of the same number
+  of bytes; before each side, the file's pages are dropped from the page cache
+  (posix_fadvise DONTNEED after fsync), so both read from the disk;
+- S3 (a moto server in its own process on 127.0.0.1): our durable save to the S3 store
+  against a raw sequential multipart put of the same bytes with the same part size, and
+  boto3's managed (threaded) upload; our load against a raw GET.
+Our saves run on one checkpointer with an optimiser-like in-place update of every tensor
+between saves, after two warm-up saves: the steady state of a full fine-tune (host buffers
+reused, no delta base kept). Each repeat runs raw and ours back to back (alternating which
+goes first); the ratio is
+raw seconds / our seconds (1.0 = as fast as raw; goal >= 0.8), median of the per-repeat
+ratios with their min-max. Seconds are medians.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import io
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from orbit_dagster.runtime.checkpointing import Checkpointer  # noqa: E402
+from orbit_dagster.runtime.events import EventWriter  # noqa: E402
+from orbit_dagster.runtime.notices import NoticeWatcher  # noqa: E402
+from orbit_dagster.runtime.sdk import RunContext  # noqa: E402
+from orbit_dagster.storage import open_store  # noqa: E402
+
+BEGIN, END = "<!-- checkpoint-io:begin -->", "<!-- checkpoint-io:end -->"
+PART = 16 << 20  # the S3 store's default part size
+GOAL = 0.8
+LOAD_AT_START = os.getloadavg()[0]  # other processes' load, recorded with the figures
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper()
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+
+
+def model_state(nbytes: int, seed: int = 0) -> dict:
+    """Weights, Adam's two moments and a step counter: ~nbytes in float32 tensors of <= 16 MB."""
+    per = nbytes // 3 // 4  # floats per part (weights, exp_avg, exp_avg_sq)
+    sizes = [min(per - i, 4 << 20) for i in range(0, per, 4 << 20)]
+    g = torch.Generator().manual_seed(seed)
+    model = {f"layer{i}.weight": torch.randn(n, generator=g) for i, n in enumerate(sizes)}
+    optim = {"state": {i: {"step": torch.tensor(100.0), "exp_avg": torch.randn(n, generator=g),
+                           "exp_avg_sq": torch.rand(n, generator=g)} for i, n in enumerate(sizes)},
+             "param_groups": [{"lr": 1e-4, "params": list(range(len(sizes)))}]}
+    return {"model": model, "optim": optim, "step": 100}
+
+
+def drop_cache(path: Path) -> None:
+    """Evict one file's pages from the page cache (clean pages only: fsync first)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def raw_write(path: Path, data: bytes, *, hash_first: bool = False) -> float:
+    t0 = time.perf_counter()
+    if hash_first:
+        hashlib.sha256(data).hexdigest()
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    seconds = time.perf_counter() - t0
+    path.unlink()
+    return seconds
+
+
+def raw_read(path: Path, *, hash_after: bool = False) -> float:
+    drop_cache(path)
+    t0 = time.perf_counter()
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if hash_after:
+        hashlib.sha256(data).hexdigest()
+    return time.perf_counter() - t0
+
+
+def checkpoint_events(path: Path) -> list[dict]:
+    import json
+
+    return [e for e in map(json.loads, path.read_text().splitlines()) if e["type"] == "checkpoint"]
+
+
+def train_step(state: dict) -> None:
+    """What an optimiser step does to the state between two saves: every tensor written in place."""
+    for group in (state["model"], *state["optim"]["state"].values()):
+        for t in group.values():
+            t.add_(1e-3)
+
+
+class Ours:
+    """Our save and load paths on one store root, each measured from the caller's side.
+
+    One checkpointer for all saves, as in a training run: after two saves of a state that
+    changes in between (a full fine-tune), the host buffers are reused and no delta base is
+    kept; the figures are that steady state.
+    """
+
+    def __init__(self, root_uri: str, work: Path):
+        self.store, self.work = open_store(root_uri), work
+        self.events_path = work / "events.jsonl"
+        self.ck = Checkpointer(self.store, EventWriter(self.events_path), job_id="bench", attempt=1, parent_uri=None)
+        self.n = 0
+
+    def warm_up(self, state: dict) -> None:
+        for _ in range(2):
+            _, ev = self.durable(state)
+            self.delete(ev["uri"])
+
+    def durable(self, state: dict) -> tuple[float, dict]:
+        train_step(state)
+        self.n += 1
+        t0 = time.perf_counter()
+        self.ck.save_durable_async(self.n, state, {})
+        self.ck.flush()
+        seconds = time.perf_counter() - t0
+        return seconds, checkpoint_events(self.events_path)[-1]
+
+    def emergency(self, state: dict) -> tuple[float, dict]:
+        train_step(state)
+        self.n += 1
+        t0 = time.perf_counter()
+        self.ck.save_emergency(self.n, state, {}, source="bench")
+        seconds = time.perf_counter() - t0
+        return seconds, checkpoint_events(self.events_path)[-1]
+
+    def load(self, uri: str) -> float:
+        if uri.startswith("file://"):
+            drop_cache(Path(uri[len("file://"):]) / "state.pt")
+        ctx = RunContext(job={"job_id": "bench", "template_snapshot": {}}, bundle_dir=self.work, workdir=self.work,
+                         attempt=1, events=EventWriter(self.work / "load-events.jsonl"), store=self.store,
+                         watcher=NoticeWatcher(None), checkpoint_every=1, memory_every=1)
+        t0 = time.perf_counter()
+        state = ctx._load(uri, "resume")
+        seconds = time.perf_counter() - t0
+        del state
+        ctx.close()
+        return seconds
+
+    def delete(self, uri: str) -> None:
+        self.store.delete(uri)
+        shutil.rmtree(self.work / f"resume-{uri.rsplit('/', 1)[-1]}", ignore_errors=True)
+
+    def close(self) -> None:
+        self.ck.close()
+
+
+def measure_fs(state: dict, blob: bytes, root: Path, repeat: int) -> dict[str, list]:
+    ours = Ours((root / "store").as_uri(), root / "work")
+    ours.warm_up(state)
+    raw_path = root / "raw.bin"
+    out: dict[str, list] = {k: [] for k in ("durable", "emergency", "load", "raw_durable", "raw_emergency",
+                                            "raw_write_sha", "raw_read", "raw_read_sha", "sha", "blocked", "write")}
+    for r in range(repeat):
+        first_raw = r % 2 == 0
+        for kind in ("durable", "emergency"):
+            if first_raw:
+                raw = raw_write(raw_path, blob)
+            seconds, ev = getattr(ours, kind)(state)
+            if not first_raw:
+                raw = raw_write(raw_path, blob)
+            out[kind].append(seconds)
+            out[f"raw_{kind}"].append(raw)
+            if kind == "durable":
+                out["blocked"].append(ev.get("blocked_seconds"))
+                out["write"].append(ev.get("write_seconds"))
+                out["raw_write_sha"].append(raw_write(raw_path, blob, hash_first=True))
+                uri = ev["uri"]
+            else:
+                ours.delete(ev["uri"])
+        with open(raw_path, "wb") as fh:
+            fh.write(blob)
+        if first_raw:
+            out["raw_read"].append(raw_read(raw_path))
+        out["load"].append(ours.load(uri))
+        if not first_raw:
+            out["raw_read"].append(raw_read(raw_path))
+        out["raw_read_sha"].append(raw_read(raw_path, hash_after=True))
+        t0 = time.perf_counter()
+        hashlib.sha256(blob).hexdigest()
+        out["sha"].append(time.perf_counter() - t0)
+        raw_path.unlink()
+        ours.delete(uri)
+        gc.collect()
+    ours.close()
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_moto(root: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    exe = Path(sys.executable).with_name("moto_server")
+    log = open(root / "moto.log", "wb")
+    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc, url
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"moto_server did not start; see {root / 'moto.log'}")
+
+
+def measure_s3(state: dict, blob: bytes, root: Path, repeat: int) -> dict[str, list]:
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+
+    proc, url = start_moto(root)
+    try:
+        os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": url,
+                           "AWS_EC2_METADATA_DISABLED": "true"})
+        s3 = boto3.session.Session().client("s3")
+        s3.create_bucket(Bucket="bench")
+        ours = Ours("s3://bench/ours", root / "work-s3")
+        ours.warm_up(state)
+        managed = TransferConfig(multipart_threshold=PART, multipart_chunksize=PART)
+        out: dict[str, list] = {k: [] for k in ("durable", "load", "raw_put", "raw_put_managed", "raw_get",
+                                                "blocked", "write")}
+
+        def raw_put() -> float:
+            t0 = time.perf_counter()
+            up = s3.create_multipart_upload(Bucket="bench", Key="raw")["UploadId"]
+            parts = []
+            for n, start in enumerate(range(0, len(blob), PART), 1):
+                etag = s3.upload_part(Bucket="bench", Key="raw", UploadId=up, PartNumber=n,
+                                      Body=blob[start:start + PART])["ETag"]
+                parts.append({"PartNumber": n, "ETag": etag})
+            s3.complete_multipart_upload(Bucket="bench", Key="raw", UploadId=up, MultipartUpload={"Parts": parts})
+            return time.perf_counter() - t0
+
+        def raw_put_managed() -> float:
+            t0 = time.perf_counter()
+            s3.upload_fileobj(io.BytesIO(blob), "bench", "raw-managed", Config=managed)
+            return time.perf_counter() - t0
+
+        for r in range(repeat):
+            if r % 2 == 0:
+                out["raw_put"].append(raw_put())
+            seconds, ev = ours.durable(state)
+            if r % 2 == 1:
+                out["raw_put"].append(raw_put())
+            out["durable"].append(seconds)
+            out["blocked"].append(ev.get("blocked_seconds"))
+            out["write"].append(ev.get("write_seconds"))
+            out["raw_put_managed"].append(raw_put_managed())
+            t0 = time.perf_counter()
+            s3.get_object(Bucket="bench", Key="raw")["Body"].read()
+            out["raw_get"].append(time.perf_counter() - t0)
+            out["load"].append(ours.load(ev["uri"]))
+            ours.delete(ev["uri"])
+            s3.delete_objects(Bucket="bench", Delete={"Objects": [{"Key": "raw"}, {"Key": "raw-managed"}]})
+            gc.collect()
+        ours.close()
+        return out
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _med(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def ratio_cell(raw: list[float], ours: list[float]) -> tuple[str, bool]:
+    ratios = [r / o for r, o in zip(raw, ours)]
+    med = statistics.median(ratios)
+    met = med >= GOAL and min(ratios) >= GOAL
+    return f"{med:.2f} ({min(ratios):.2f}-{max(ratios):.2f})", met
+
+
+def rows_for(label: str, nbytes: int, fs: dict, s3: dict | None) -> list[str]:
+    gb = nbytes / 1e9
+
+    def line(op: str, ours: list, raw_name: str, raw: list, extra: str = "", goal: bool = True) -> str:
+        cell, met = ratio_cell(raw, ours)
+        o, r = _med(ours), _med(raw)
+        verdict = ("yes" if met else "**NO**") if goal else "-"
+        return (f"| {label} | {op} | {o:.3f} ({gb / o:.2f} GB/s) | {raw_name} | {r:.3f} ({gb / r:.2f} GB/s) | "
+                f"{cell} | {verdict} | {extra} |")
+
+    b, w = _med(fs["blocked"]), _med(fs["write"])
+    split = "-" if b is None else f"training thread blocked {b:.3f} s, serialise+hash+put {w:.3f} s"
+    rows = [
+        line("fs save, durable", fs["durable"], "write+fsync", fs["raw_durable"], split),
+        line("fs save, emergency (full)", fs["emergency"], "write+fsync", fs["raw_emergency"]),
+        line("fs save, durable", fs["durable"], "sha256 + write+fsync", fs["raw_write_sha"],
+             "vs the floor of hashing before writing", goal=False),
+        line("fs load (verify + copy + torch.load)", fs["load"], "cold read", fs["raw_read"]),
+        line("fs load (verify + copy + torch.load)", fs["load"], "cold read + sha256", fs["raw_read_sha"],
+             "vs the floor of verifying what is read", goal=False),
+        line("sha256 of the bytes, in memory (no I/O)", fs["sha"], "write+fsync", fs["raw_durable"],
+             "the manifest's hash alone against the raw write: the ceiling of any save that hashes", goal=False),
+        line("sha256 of the bytes, in memory (no I/O)", fs["sha"], "cold read", fs["raw_read"],
+             "the same against the raw read: the ceiling of any verified load", goal=False),
+    ]
+    if s3:
+        b, w = _med(s3["blocked"]), _med(s3["write"])
+        split = "-" if b is None else f"blocked {b:.3f} s, serialise+hash+put {w:.3f} s"
+        rows += [
+            line("S3 save, durable", s3["durable"], "multipart put, sequential", s3["raw_put"], split),
+            line("S3 save, durable", s3["durable"], "boto3 managed upload (threads)", s3["raw_put_managed"]),
+            line("S3 load (verify + torch.load)", s3["load"], "GET", s3["raw_get"]),
+        ]
+    return rows
+
+
+HEADER = ("| state | operation | ours s (throughput) | raw | raw s (throughput) | raw/ours median (min-max) | "
+          ">= 0.8 | notes |\n|---|---|---|---|---|---|---|---|")
+
+
+def record(path: Path, rows: list[str], command: str, seconds: float) -> None:
+    text = path.read_text(encoding="utf-8")
+    section = (f"\n## Checkpoint I/O (bench/checkpoint_io.py)\n\nMeasured {date.today().isoformat()} on "
+               f"{platform.machine()} ({os.cpu_count()} cores, shared with other work: load average "
+               f"{LOAD_AT_START:.1f} at the start, {os.getloadavg()[0]:.1f} at the end), torch {torch.__version__}, "
+               f"in {seconds:.0f} s. Command: `{command}`.\n\n{HEADER}\n" + "\n".join(rows) + "\n")
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1]
+    else:
+        head, tail = text.rstrip("\n") + "\n\n", "\n"
+    path.write_text(head + BEGIN + section + END + tail, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="100M,1G", help="state sizes, e.g. 100M,1G")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-s3", action="store_true", help="skip the S3 (moto) rows")
+    ap.add_argument("--dir", type=Path, default=None, help="where files are written (default: a temp dir under bench/)")
+    ap.add_argument("--record", type=Path, default=None, help="markdown file whose checkpoint-io section is rewritten")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(min(4, os.cpu_count() or 1))
+    base = args.dir or REPO / "bench"
+    t_start = time.time()
+    rows: list[str] = []
+    with tempfile.TemporaryDirectory(prefix=".ckpt-io-", dir=base) as tmp:
+        root = Path(tmp)
+        (root / "warm").mkdir()
+        measure_fs(model_state(8 << 20), b"x" * (8 << 20), root / "warm", 1)  # first-call costs out of the figures
+        for size in args.sizes.split(","):
+            nbytes = parse_size(size)
+            state = model_state(nbytes)
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            blob = buf.getvalue()  # raw I/O moves as many bytes as the checkpoint file holds
+            del buf
+            fs = measure_fs(state, blob, root, args.repeat)
+            s3 = None if args.no_s3 else measure_s3(state, blob, root, args.repeat)
+            new = rows_for(size, len(blob), fs, s3)
+            print("\n".join(new), flush=True)
+            rows += new
+            del state, blob
+            gc.collect()
+    seconds = time.time() - t_start
+    print(f"{HEADER}\n" + "\n".join(rows))
+    if args.record:
+        argv_txt = " ".join(sys.argv[1:]).replace(str(args.record), "docs/benchmarks.md")
+        record(args.record, rows, f"python bench/checkpoint_io.py {argv_txt}".strip(), seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

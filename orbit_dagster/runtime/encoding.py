@@ -1,0 +1,147 @@
+"""Checkpoint bytes: host copies of a state, serialisation hashed as it is written, digests.
+
+Each byte is hashed once: the file's sha256 (the manifest's integrity contract) while
+torch.save writes it, and the weights once more for the weights digest, in a second
+thread. torch.save's own zip CRC32 is switched off for these saves: it was a second
+checksum of every byte (as slow as the sha256 on our machines) and the manifest's sha256
+already covers them.
+
+Runs on rented hosts: stdlib + torch only.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import threading
+from typing import Any, Iterator
+
+import torch
+
+from . import delta as D
+
+
+def weights_digest(model_state: dict[str, torch.Tensor]) -> str:
+    """sha256 over names, dtypes, shapes and raw bytes of the weights: 'same model' exactly."""
+    h = hashlib.sha256()
+    for name in sorted(model_state):
+        t = model_state[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the buffer itself: no copy of the bytes
+    return h.hexdigest()
+
+
+# ---- serialisation ------------------------------------------------------------------
+_crc_lock = threading.Lock()
+_crc_users = 0
+
+
+@contextlib.contextmanager
+def _without_zip_crc() -> Iterator[None]:
+    """torch.save without its CRC32 pass while any of our saves runs (process-wide setting,
+    so reference-counted: two of our saves may overlap)."""
+    global _crc_users
+    try:
+        from torch.utils.serialization import config
+    except ImportError:  # older torch: no switch, the CRC is computed
+        yield
+        return
+    with _crc_lock:
+        if _crc_users == 0:
+            _without_zip_crc.previous = config.save.compute_crc32  # type: ignore[attr-defined]
+            config.save.compute_crc32 = False
+        _crc_users += 1
+    try:
+        yield
+    finally:
+        with _crc_lock:
+            _crc_users -= 1
+            if _crc_users == 0:
+                config.save.compute_crc32 = _without_zip_crc.previous  # type: ignore[attr-defined]
+
+
+class _HashingBuffer(io.BytesIO):
+    """A BytesIO that hashes what torch.save writes as it is written (one read of each byte)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sha256 = hashlib.sha256()
+
+    def write(self, data) -> int:  # type: ignore[override]
+        self.sha256.update(data)
+        return super().write(data)
+
+
+def serialise(state: dict[str, Any]) -> tuple[bytes, str]:
+    """(torch.save bytes of `state`, their sha256)."""
+    buf = _HashingBuffer()
+    with _without_zip_crc():
+        torch.save(state, buf)
+    return buf.getvalue(), buf.sha256.hexdigest()
+
+
+def encode(payload: dict[str, Any], model_state: dict[str, torch.Tensor]) -> tuple[bytes, str, str]:
+    """(blob, blob sha256, weights digest); the weights are hashed in a second thread
+    while the blob is written and hashed (hashlib releases the GIL)."""
+    out: dict[str, Any] = {}
+
+    def digest() -> None:
+        try:
+            out["weights"] = weights_digest(model_state)
+        except BaseException as exc:  # re-raised below, on the caller's thread
+            out["error"] = exc
+
+    worker = threading.Thread(target=digest, name="weights-digest", daemon=True)
+    worker.start()
+    try:
+        blob, sha = serialise(payload)
+    finally:
+        worker.join()
+    if "error" in out:
+        raise out["error"]
+    return blob, sha, out["weights"]
+
+
+# ---- host copies --------------------------------------------------------------------
+def has_cuda(state: Any) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.is_cuda for _, v in D.leaves(state))
+
+
+def stage(state: Any, spare: dict[str, torch.Tensor] | None = None) -> Any:
+    """A host copy of `state` that later training steps cannot change.
+
+    CUDA tensors go to pinned buffers, asynchronously, synchronised once at the end; the
+    pinned buffers of `spare` (a flattened earlier copy) are reused where path, shape and
+    dtype match, because pinning memory is slow (a driver call per allocation). CPU tensors
+    get fresh memory each time: a kept pageable copy would hold the state's size in memory
+    between saves, and on the VM our figures come from it was not faster to refill (idle
+    pages are paged out by the kernel's proactive reclaim, so they fault in again anyway).
+    """
+    spare = spare or {}
+    devices: set[torch.device] = set()
+
+    def copy(obj: Any, path: tuple) -> Any:
+        if isinstance(obj, torch.Tensor):
+            src = obj.detach()
+            pin = src.is_cuda
+            buf = spare.get(D.path_key(path)) if pin else None
+            if (buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.layout != src.layout
+                    or src.layout != torch.strided or not buf.is_pinned()):
+                if src.layout != torch.strided:
+                    return src.to("cpu", copy=True)
+                buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
+            if pin:
+                devices.add(src.device)
+            return buf.copy_(src, non_blocking=pin)
+        if isinstance(obj, dict):
+            return {k: copy(v, path + (k,)) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)) and any(isinstance(v, (dict, torch.Tensor)) for v in obj):
+            return type(obj)(copy(v, path + (i,)) for i, v in enumerate(obj))
+        if isinstance(obj, list):
+            return list(obj)  # a later step may append to the live one
+        return obj
+
+    host = copy(state, ())
+    for dev in devices:
+        torch.cuda.synchronize(dev)
+    return host

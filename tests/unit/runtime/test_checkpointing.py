@@ -1,0 +1,219 @@
+"""The checkpoint save path: one hash per byte, host copies, honest timings, deltas by bytes."""
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+from orbit_dagster.runtime import delta as D
+from orbit_dagster.runtime.checkpointing import STATE_FILE, Checkpointer
+from orbit_dagster.runtime.encoding import encode, serialise, stage, weights_digest
+from orbit_dagster.runtime.events import EventWriter
+from orbit_dagster.storage import open_store
+from orbit_dagster.storage.base import sha256_bytes
+from orbit_dagster.storage.fs import FsStore
+
+
+def make_state(seed=0, n=4, size=64 * 1024):
+    g = torch.Generator().manual_seed(seed)
+    model = {f"layer{i}.weight": torch.randn(size, generator=g) for i in range(n)}
+    model["head.weight"] = torch.randn(1024, generator=g)
+    optim = {"state": {i: {"exp_avg": torch.randn(size, generator=g), "step": torch.tensor(3.0)} for i in range(n)},
+             "param_groups": [{"lr": 0.1, "params": list(range(n))}]}
+    return {"model": model, "optim": optim, "step": 7, "vocab": "abc"}
+
+
+def checkpoints(tmp_path):
+    path = tmp_path / "events.jsonl"
+    return [e for e in map(json.loads, path.read_text().splitlines()) if e["type"] == "checkpoint"] if path.exists() else []
+
+
+def checkpointer(tmp_path, store=None):
+    store = store or open_store((tmp_path / "store").as_uri())
+    return Checkpointer(store, EventWriter(tmp_path / "events.jsonl"), job_id="j", attempt=1, parent_uri=None), store
+
+
+def load(store, uri, tmp_path):
+    dest = tmp_path / f"fetched-{uri.rsplit('/', 1)[-1]}-{time.monotonic_ns()}"
+    store.fetch(uri, dest)
+    return torch.load(dest / STATE_FILE, map_location="cpu", weights_only=True)
+
+
+def assert_same(a, b):
+    fa, fb = D.flatten(a), D.flatten(b)
+    assert fa.keys() == fb.keys()
+    for k in fa:
+        assert (D.same_bytes(fa[k], fb[k]) if isinstance(fa[k], torch.Tensor) else fa[k] == fb[k]), k
+
+
+def test_serialise_hashes_exactly_the_bytes_it_returns_and_leaves_torch_settings_alone(tmp_path):
+    from torch.utils.serialization import config
+
+    state = make_state()
+    blob, sha = serialise(state)
+    assert sha == sha256_bytes(blob)
+    (tmp_path / "s.pt").write_bytes(blob)
+    assert_same(torch.load(tmp_path / "s.pt", weights_only=True), state)
+    assert config.save.compute_crc32 is True  # switched off only while our save ran
+
+
+def test_overlapping_saves_restore_the_crc_setting():
+    from torch.utils.serialization import config
+
+    states = [make_state(seed=i, size=256 * 1024) for i in range(4)]
+    threads = [threading.Thread(target=serialise, args=(s,)) for s in states]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert config.save.compute_crc32 is True
+
+
+def test_encode_digests_the_weights_in_parallel_and_raises_its_errors_on_the_caller():
+    state = make_state()
+    blob, sha, weights = encode(state, state["model"])
+    assert weights == weights_digest(state["model"]) and sha == sha256_bytes(blob)
+    with pytest.raises(AttributeError):
+        encode(state, {"w": "not a tensor"})
+
+
+def test_stage_is_a_copy_later_steps_cannot_change():
+    state = make_state()
+    state["model"]["strided"] = torch.randn(64, 32).t()  # not contiguous
+    host = stage(state)
+    assert_same(host, state)
+    state["model"]["layer0.weight"].add_(1.0)
+    state["optim"]["param_groups"][0]["params"].append(99)
+    assert not D.same_bytes(host["model"]["layer0.weight"], state["model"]["layer0.weight"])
+    assert host["optim"]["param_groups"][0]["params"] == [0, 1, 2, 3]
+    # CPU tensors get fresh memory every time (a kept pageable copy can be paged out while idle);
+    # only pinned buffers (a GPU state's) are reused: that path needs CUDA (bench/gpu_check.py).
+    spare = {k: v for k, v in D.flatten(host).items() if isinstance(v, torch.Tensor)}
+    again = stage(state, spare)
+    assert_same(again, state)
+    assert again["model"]["layer1.weight"].data_ptr() != spare['["model", "layer1.weight"]'].data_ptr()
+
+
+def test_same_bytes_is_exact():
+    z = torch.zeros(4)
+    assert D.same_bytes(z, torch.zeros(4))
+    assert not D.same_bytes(z, -torch.zeros(4))  # equal as numbers, different bits
+    assert not D.same_bytes(z, torch.zeros(4, dtype=torch.float64))
+    assert not D.same_bytes(z, torch.zeros(2, 2))
+    assert not D.same_bytes(z, None)
+
+
+def test_durable_save_is_consistent_verified_and_reports_its_times(tmp_path):
+    ck, store = checkpointer(tmp_path)
+    state = make_state()
+    expected = stage(state)
+    ck.save_durable_async(10, state, {"train/loss": 1.5})
+    for t in D.flatten(state).values():  # the next optimiser step, while the save is written
+        if isinstance(t, torch.Tensor):
+            t.add_(1)
+    ck.flush()
+    (ev,) = checkpoints(tmp_path)
+    manifest = store.verify(ev["uri"])
+    assert manifest.weights_sha256 == ev["weights_sha256"] == weights_digest(expected["model"])
+    assert_same(load(store, ev["uri"], tmp_path), expected)
+    assert 0 <= ev["blocked_seconds"] <= ev["save_seconds"] and 0 < ev["write_seconds"] <= ev["save_seconds"]
+    ck.close()
+
+
+class SlowStore(FsStore):
+    """A filesystem store whose puts take at least `delay` seconds (a slow disk or network)."""
+
+    delay = 1.0
+
+    def put(self, *args, **kw):
+        time.sleep(self.delay)
+        return super().put(*args, **kw)
+
+
+def test_blocked_time_includes_waiting_for_the_writer_and_save_time_includes_both(tmp_path):
+    ck, _ = checkpointer(tmp_path, SlowStore((tmp_path / "slow").as_uri()))
+    t0 = time.perf_counter()
+    for step in (1, 2, 3):
+        ck.save_durable_async(step, make_state(seed=step), {})
+    # First: written at once; second: queued; third: waits until the first is written.
+    assert time.perf_counter() - t0 >= SlowStore.delay * 0.9
+    ck.flush()
+    ev = {e["step"]: e for e in checkpoints(tmp_path)}
+    assert ev[1]["blocked_seconds"] < SlowStore.delay / 2
+    assert ev[3]["blocked_seconds"] >= SlowStore.delay / 2
+    assert ev[3]["save_seconds"] >= ev[3]["blocked_seconds"] + SlowStore.delay  # then its own write
+    assert all(e["write_seconds"] >= SlowStore.delay for e in ev.values())
+    ck.close()
+
+
+def test_emergency_delta_against_the_landed_base_resumes_exactly(tmp_path):
+    ck, store = checkpointer(tmp_path)
+    state = make_state()
+    ck.save_durable_async(10, state, {})
+    ck.flush()
+    state["model"]["head.weight"].mul_(0.5)  # a head-only fine-tune: the body is frozen
+    state["step"] = 12
+    uri = ck.save_emergency(12, state, {}, source="sigterm")
+    durable, emergency = checkpoints(tmp_path)
+    assert emergency["delta_of"] == durable["uri"] and emergency["changed_measure"] == "bytes"
+    assert 0 < emergency["changed_fraction"] < 0.05 and emergency["bytes"] < durable["bytes"] / 5
+    assert emergency["blocked_seconds"] == emergency["save_seconds"]  # the training thread did it all
+    saved = load(store, uri, tmp_path)
+    assert D.is_delta(saved)
+    assert_same(D.apply_delta(load(store, durable["uri"], tmp_path), saved), state)
+    assert emergency["weights_sha256"] == weights_digest(state["model"])
+    ck.close()
+
+
+def test_full_fine_tune_keeps_no_base_and_saves_in_full(tmp_path):
+    ck, store = checkpointer(tmp_path)
+    state = make_state()
+
+    def train_step():
+        for t in D.flatten(state).values():
+            if isinstance(t, torch.Tensor):
+                t.add_(0.01)
+
+    ck.save_durable_async(1, state, {})
+    ck.flush()
+    assert ck._base is not None  # the first save: no history yet, kept
+    train_step()
+    ck.save_durable_async(2, state, {})
+    ck.flush()
+    assert ck._base is None and ck._spare is None  # all of it was written to: nothing kept (CPU: no pinned buffers)
+    train_step()
+    uri = ck.save_emergency(3, state, {}, source="sigterm")
+    ev = checkpoints(tmp_path)[-1]
+    assert "delta_of" not in ev and ev["changed_measure"] == "writes" and ev["changed_fraction"] > 0.99
+    assert_same(load(store, uri, tmp_path), state)
+    ck.close()
+
+
+def test_emergency_from_memory_does_not_block_training(tmp_path):
+    ck, store = checkpointer(tmp_path)
+    state = make_state()
+    ck.snapshot_memory(5, state, {"train/loss": 2.0})
+    state["model"]["layer0.weight"].add_(1)  # the step in progress changes the live state
+    uri = ck.emergency_from_memory(source="memory-snapshot")
+    ev = checkpoints(tmp_path)[-1]
+    assert ev["blocked_seconds"] == 0.0 and ev["step"] == 5 and ev["source"] == "memory-snapshot"
+    assert not D.same_bytes(load(store, uri, tmp_path)["model"]["layer0.weight"], state["model"]["layer0.weight"])
+    ck.close()
+
+
+def test_memory_snapshots_respect_their_cost_budget(tmp_path, monkeypatch):
+    import orbit_dagster.runtime.checkpointing as C
+
+    ck, _ = checkpointer(tmp_path)
+    state = make_state()
+    assert ck.snapshot_memory(5, state, {})
+    state["model"]["layer0.weight"].add_(1)
+    monkeypatch.setattr(C, "MEMORY_BUDGET", 1.0)  # any snapshot cost is affordable
+    time.sleep(ck._memory_cost * 1.1)
+    assert ck.snapshot_memory(10, state, {})
+    assert ck.memory[0] == 10
+    assert D.same_bytes(ck.memory[1]["model"]["layer0.weight"], state["model"]["layer0.weight"])
+    monkeypatch.setattr(C, "MEMORY_BUDGET", 1e-9)  # now nothing is: the next one is skipped
+    assert not ck.snapshot_memory(15, state, {}) and ck.memory[0] == 10
+    ck.close()
