@@ -21,29 +21,35 @@ from .offers import DEFAULT_RESTORE_S, measured_save_seconds
 
 
 def choose(ledger: Ledger, job: dict, template, offer: Offer, *, notice_s: float, done_steps: int,
-           holding: str = "none") -> tuple[str, dict | None]:
-    """("spot" | "on_demand", the decision row); ("spot", None) for a job without a deadline."""
+           holding: str = "none", scale: float = 1.0, now: float | None = None) -> tuple[str, dict | None]:
+    """("spot" | "on_demand", the decision row); ("spot", None) for a job without a deadline.
+
+    `notice_s` is on the wall clock; `scale` the market's seconds per wall second
+    (`sim_market.time_scale`): the policy is asked in market time, and `deadline_hours`
+    are market hours. `now`: the caller's clock reading (default: the wall clock now)."""
     if template.deadline_hours is None or not offer.spot:
         return "spot", None
     od = on_demand(offer)
     if od is None:
         return "spot", None
-    step_s = measured_step_seconds(ledger, template.name)
+    step_s = measured_step_seconds(ledger, template.name, scale)
     work_left_s = max(int(template.config.get("steps", 0)) - done_steps, 0) * step_s
-    time_left_s = max(float(job["created_at"]) + template.deadline_hours * 3600.0 - time.time(), 0.0)
+    now = time.time() if now is None else now
+    time_left_s = max(template.deadline_hours * 3600.0 - (now - float(job["created_at"])) * scale, 0.0)
     book = RateBook()
     seen = observed_reclaims(ledger).get(offer.offer_id)
     if seen:
-        book.for_offer(offer).observe(seen[0], seen[1] * 3600.0)
+        book.for_offer(offer).observe(seen[0], seen[1] * 3600.0 * scale)
     d = spot_or_on_demand(work_left_s=work_left_s, time_left_s=time_left_s, spot_available=True, holding=holding,
                           spot_usd_per_hour=offer.usd_per_second * 3600.0,
                           on_demand_usd_per_hour=od.usd_per_second * 3600.0, restore_s=DEFAULT_RESTORE_S,
-                          save_s=measured_save_seconds(ledger, template.name), notice_s=notice_s,
+                          save_s=measured_save_seconds(ledger, template.name, scale), notice_s=notice_s * scale,
                           mtbf_s=book.for_offer(offer).mtbf_s)
     action = "on_demand" if d.action == "on_demand" else "spot"
     row = {"decision_id": R.event("decision")["event_id"], "job_id": job["job_id"], "attempt": int(job["attempt"]),
            "kind": "spot_or_on_demand", "chosen": action, "runner_up": "spot" if action == "on_demand" else "on_demand",
-           "inputs": R.dumps({"reason": d.reason, "policy_action": d.action, **d.inputs, "offer": offer.offer_id}),
+           "inputs": R.dumps({"reason": d.reason, "policy_action": d.action, **d.inputs, "offer": offer.offer_id,
+                              "step_s": step_s, "done_steps": done_steps, "time_scale": scale}),
            "ts": utcnow()}
     return action, row
 

@@ -89,9 +89,11 @@ def _launch(settings: Settings, ledger: Ledger, job: dict, bundle, provider: Pro
                                 notice_s=provider.notice_seconds, template=template.name,
                                 avoid=offers_to_avoid(ledger, job_id))
     from .deadline import choose, on_demand_offers
+    from .sim_market import time_scale
 
     market, market_row = choose(ledger, job, template, ranked[0], notice_s=provider.notice_seconds,
-                                done_steps=int(resume["step"]) if resume else 0) if ranked else ("spot", None)
+                                done_steps=int(resume["step"]) if resume else 0,
+                                scale=time_scale(provider)) if ranked else ("spot", None)
     if market == "on_demand":  # the deadline cannot afford the spot market's reclaims any more
         ranked = on_demand_offers(ranked) or ranked
     standby = standby_instance(ledger, provider, job_id, attempt)
@@ -178,13 +180,18 @@ def provision_first(provider: Provider, ranked: list, job_id: str, attempt: int)
 
 
 def fleet_notices(ledger: Ledger, provider: str):
-    """What this provider's reclaims taught us about its notices: how many came without one."""
+    """What this provider's reclaims taught us about its notices: how many came without one.
+
+    A notice is known from its event, or from the emergency checkpoint it caused: the host's
+    event file goes with its disk at the reclaim, and may not have been read before."""
     from ..policy.reclaim_rate import NoticeReliability
 
     row = ledger.one(
         """SELECT count(*) AS reclaims,
                   coalesce(sum(CASE WHEN NOT EXISTS (SELECT 1 FROM events e WHERE e.run_id = r.run_id
                                                      AND e.kind IN ('notice', 'host_notice'))
+                                     AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.run_id = r.run_id
+                                                     AND c.tier = 'emergency')
                                     THEN 1 ELSE 0 END), 0) AS missed
            FROM runs r WHERE r.provider = ? AND r.state = 'LOST' AND r.failure_class = 'reclaim'""", [provider])
     notices = NoticeReliability()
@@ -203,27 +210,30 @@ def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_
     fleet's record of notices, the measured save time and the work left; `young-daly` is
     Daly's interval for the offer's MTBF; `fixed` is the cadence alone. The policy decides at
     launch (the instance's age 0), in seconds of work, turned into steps with the measured
-    step time."""
+    step time. Times go to the policy in the market's seconds (`sim_market.time_scale`)."""
     import math
 
     from ..policy.checkpointing import OrbitInterval, StaticYoungDaly
     from ..policy.reclaim_rate import RateBook
     from .offers import measured_save_seconds
     from .observations import measured_step_seconds, observed_reclaims
+    from .sim_market import time_scale
 
+    scale = time_scale(provider)
     book = RateBook()
     est = book.for_offer(offer)
     seen = observed_reclaims(ledger).get(offer.offer_id)
     if seen:
-        est.observe(seen[0], seen[1] * 3600.0)
-    save_s = measured_save_seconds(ledger, template.name)
-    step_s = measured_step_seconds(ledger, template.name)
+        est.observe(seen[0], seen[1] * 3600.0 * scale)
+    save_s = measured_save_seconds(ledger, template.name, scale)
+    step_s = measured_step_seconds(ledger, template.name, scale)
+    notice_s = provider.notice_seconds * scale
     cadence = template.checkpoint.every_steps
     work_left_s = max(int(template.config.get("steps", 0)) - done_steps, 0) * step_s or math.inf
     name = template.checkpoint.interval_policy
     decision: dict = {"interval_s": None, "reason": "the template's cadence", "inputs": {}}
     if name == "orbit":
-        policy = OrbitInterval.for_offer(offer, save_s=save_s, notice_s=provider.notice_seconds, rates=book,
+        policy = OrbitInterval.for_offer(offer, save_s=save_s, notice_s=notice_s, rates=book,
                                          notices=fleet_notices(ledger, provider.name),
                                          nodes=1)  # one instance per attempt
         decision = policy.decide(age_s=0.0, work_left_s=work_left_s)
@@ -240,7 +250,7 @@ def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_
         "runner_up": str(policy_steps if steps == cadence else cadence),
         "inputs": R.dumps({"policy": name, "reason": decision.get("reason"), "policy_inputs": decision.get("inputs"),
                            "interval_s": interval_s, "policy_steps": policy_steps, "cadence_steps": cadence,
-                           "save_s": save_s, "step_s": step_s, "notice_s": provider.notice_seconds,
+                           "save_s": save_s, "step_s": step_s, "notice_s": notice_s, "time_scale": scale,
                            "work_left_s": None if math.isinf(work_left_s) else work_left_s, "rate": est.as_record()}),
         "ts": utcnow(),
     }

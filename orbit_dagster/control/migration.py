@@ -31,12 +31,15 @@ from .observations import measured_step_seconds
 from .offers import DEFAULT_RESTORE_S, measured_save_seconds, rank_for
 from .reconcile import active_attempts
 from .settings import Settings
+from .sim_market import time_scale
 
 WINDOWS = 4  # three rises need four windows
 
 
-def risk_history(ledger: Ledger, offer: Offer, now: datetime, window_s: float, windows: int = WINDOWS) -> list[float]:
-    """The offer's estimated reclaim rate per hour at the end of each of the last windows."""
+def risk_history(ledger: Ledger, offer: Offer, now: datetime, window_s: float, windows: int = WINDOWS,
+                 scale: float = 1.0) -> list[float]:
+    """The offer's estimated reclaim rate per (market) hour at the end of each of the last windows;
+    `scale`: market seconds per wall second of the offer's market."""
     lost = [float(r["state_at"]) for r in ledger.rows(
         """SELECT state_at FROM runs WHERE offer_id = ? AND state = 'LOST'
            AND coalesce(failure_class, '') <> 'migration'""", [offer.offer_id])]
@@ -48,7 +51,7 @@ def risk_history(ledger: Ledger, offer: Offer, now: datetime, window_s: float, w
         exposure = sum(max(0.0, min(stop if stop is not None else end, end) - start) for start, stop in spans
                        if start <= end)
         est = ReclaimRateEstimator.for_offer(offer)
-        est.observe(sum(1 for t in lost if t <= end), exposure)
+        est.observe(sum(1 for t in lost if t <= end), exposure * scale)
         out.append(est.rate_per_hour)
     return out
 
@@ -67,14 +70,15 @@ def plan_migrations(settings: Settings, *, now: datetime | None = None, window_s
         if not current.spot or ledger.scalar(
                 "SELECT count(*) FROM events WHERE run_id = ? AND kind = 'migration_started'", [row["run_id"]]):
             continue
-        deadline_move = to_on_demand(settings, ledger, row, current)
+        deadline_move = to_on_demand(settings, ledger, row, current, now=now.timestamp())
         if deadline_move is not None:
             moves.append(deadline_move)
             continue
-        history = risk_history(ledger, current, now, window_s)
+        bundle, provider = bundle_and_provider(settings, ledger, job_id, attempt)
+        scale = time_scale(provider)
+        history = risk_history(ledger, current, now, window_s, scale=scale)
         if not risk_rising(history):
             continue
-        bundle, provider = bundle_and_provider(settings, ledger, job_id, attempt)
         template = bundle.spec.template
         ranked, _ = rank_for(ledger, provider, bundle.spec.execution_request, job_id=job_id, attempt=attempt,
                              notice_s=provider.notice_seconds, template=template.name, avoid={current.offer_id})
@@ -83,11 +87,12 @@ def plan_migrations(settings: Settings, *, now: datetime | None = None, window_s
             continue
         last_step = ledger.scalar("SELECT max(step) FROM metric_points WHERE run_id = ?", [row["run_id"]]) or 0
         remaining_s = max(int(template.config.get("steps", 0)) - int(last_step), 0) * measured_step_seconds(
-            ledger, template.name)
+            ledger, template.name, scale)
         target_rate = ReclaimRateEstimator.for_offer(target).rate_per_hour
         decision = should_migrate(history, remaining_work_s=remaining_s, current=current, target=target,
-                                  target_rate_per_hour=target_rate, save_s=measured_save_seconds(ledger, template.name),
-                                  restore_s=DEFAULT_RESTORE_S, notice_s=provider.notice_seconds)
+                                  target_rate_per_hour=target_rate,
+                                  save_s=measured_save_seconds(ledger, template.name, scale),
+                                  restore_s=DEFAULT_RESTORE_S, notice_s=provider.notice_seconds * scale)
         window = int(now.timestamp() // window_s)
         ledger.commit({"decisions": [{
             "decision_id": f"migration:{row['run_id']}:{window}", "job_id": job_id, "attempt": attempt,
@@ -102,7 +107,8 @@ def plan_migrations(settings: Settings, *, now: datetime | None = None, window_s
     return moves
 
 
-def to_on_demand(settings: Settings, ledger: Ledger, row: dict, current: Offer) -> dict | None:
+def to_on_demand(settings: Settings, ledger: Ledger, row: dict, current: Offer, *,
+                 now: float | None = None) -> dict | None:
     """A deadline job on spot whose policy now says on-demand: the move to the same shape on demand."""
     from .deadline import choose
 
@@ -111,9 +117,15 @@ def to_on_demand(settings: Settings, ledger: Ledger, row: dict, current: Offer) 
     if template.deadline_hours is None:
         return None
     job = R.require_job(ledger, row["job_id"])
-    done = ledger.scalar("SELECT max(step) FROM checkpoints WHERE run_id = ?", [row["run_id"]]) or 0
+    # The work done is where training is now (the move saves the newest state on its way
+    # out), or where the attempt resumed from while it restores: not its last checkpoint,
+    # nor 0 before this attempt's first one.
+    done = ledger.scalar("SELECT max(step) FROM metric_points WHERE run_id = ? AND source = 'train'",
+                         [row["run_id"]]) or ledger.scalar(
+        "SELECT c.step FROM checkpoints c JOIN runs r ON r.resume_from = c.checkpoint_key WHERE r.run_id = ?",
+        [row["run_id"]]) or 0
     market, decision = choose(ledger, job, template, current, notice_s=provider.notice_seconds, done_steps=int(done),
-                              holding="spot")
+                              holding="spot", scale=time_scale(provider), now=now)
     if market != "on_demand" or decision is None:
         return None
     ledger.commit({"decisions": [decision]})

@@ -39,8 +39,9 @@ def measured_tflops(ledger: Ledger) -> dict[str, float]:
 DEFAULT_STEP_S = 0.2
 
 
-def measured_step_seconds(ledger: Ledger, template: str | None = None) -> float:
-    """Median seconds per training step of this template's recent runs (a prior when none).
+def measured_step_seconds(ledger: Ledger, template: str | None = None, scale: float = 1.0) -> float:
+    """Median seconds per training step of this template's recent runs (a prior when none), in
+    the market's seconds: the measurement (wall clock) times `scale` (`sim_market.time_scale`).
 
     From consecutive training metric points of one run: (Δtime / Δstep)."""
     # The newest runs of the template only: the answer must not cost more as history grows.
@@ -57,7 +58,7 @@ def measured_step_seconds(ledger: Ledger, template: str | None = None) -> float:
         [template, template],
     )
     values = [float(r["s"]) for r in rows if r["s"] is not None and r["s"] > 0]
-    return statistics.median(values) if values else DEFAULT_STEP_S
+    return statistics.median(values) * scale if values else DEFAULT_STEP_S
 
 
 def probed_offers(ledger: Ledger) -> set[str]:

@@ -22,15 +22,17 @@ DEFAULT_SAVE_S = 1.0
 DEFAULT_RESTORE_S = 10.0
 
 
-def measured_save_seconds(ledger: Ledger, template: str | None = None) -> float:
-    """Median durable save time seen for this template (a prior when none yet)."""
+def measured_save_seconds(ledger: Ledger, template: str | None = None, scale: float = 1.0) -> float:
+    """Median durable save time seen for this template (a prior when none yet), in the market's
+    seconds: a measurement (wall clock) times `scale` (`sim_market.time_scale`); the prior is
+    a market figure already."""
     rows = ledger.rows(
         """SELECT c.save_seconds FROM checkpoints c JOIN jobs j ON j.job_id = c.job_id
            WHERE c.save_seconds IS NOT NULL AND (? IS NULL OR j.template = ?) ORDER BY c.registered_at DESC LIMIT 50""",
         [template, template],
     )
     values = [r["save_seconds"] for r in rows if r["save_seconds"] is not None]
-    return statistics.median(values) if values else DEFAULT_SAVE_S
+    return statistics.median(values) * scale if values else DEFAULT_SAVE_S
 
 
 def rank_for(ledger: Ledger, provider: Provider, request: ExecutionRequest, *, job_id: str, attempt: int,
@@ -44,16 +46,19 @@ def rank_for(ledger: Ledger, provider: Provider, request: ExecutionRequest, *, j
     if measured:
         offers = [o.model_copy(update={"measured_tflops": measured[o.offer_id]}) if o.offer_id in measured else o
                   for o in offers]
+    from .sim_market import time_scale
+
+    scale = time_scale(provider)  # the policy thinks in market seconds; we measure wall ones
     book = RateBook()
     for offer_id, (reclaims, hours) in observed_reclaims(ledger).items():
         match = next((o for o in offers if o.offer_id == offer_id), None)
         if match is not None:
-            book.for_offer(match).observe(reclaims, hours * 3600.0)
-    save_s = measured_save_seconds(ledger, template)
+            book.for_offer(match).observe(reclaims, hours * 3600.0 * scale)
+    save_s = measured_save_seconds(ledger, template, scale)
     decision = rank_offers(offers, gpu=request.resources.gpu, gpu_count=max(request.resources.gpu_count, 1),
                            gpu_memory_gb=request.resources.gpu_memory_gb,
                            max_price_per_gpu_hour=request.max_price_per_gpu_hour, save_s=save_s,
-                           restore_s=DEFAULT_RESTORE_S, notice_s=notice_s, rates=book)
+                           restore_s=DEFAULT_RESTORE_S, notice_s=notice_s * scale, rates=book)
     ranked = [s.offer for s in decision.ranked]
     ranked = [o for o in ranked if o.offer_id not in avoid] + [o for o in ranked if o.offer_id in avoid]
     record = decision.as_record()

@@ -1,0 +1,250 @@
+"""One policy, two drivers: a segment of a real spot trace, replayed end to end on the embedded
+market (real host processes, the real agent, `run_attempt` for each attempt, 240 times faster
+than real time) and through the simulator, gives the same decisions.
+
+Two jobs run at once, each on its own market and ledger: one without a deadline, one with
+`deadline_hours`. For each, the replay of the control plane's protocol
+(`policy.launch_replay`) is given the platform timings the real run measured (when each
+instance came up, when its first step began, when its agent saw the notice, when it was
+released) and the control plane's own measured step and save times, and must reach the same
+decisions: the checkpoint interval of every attempt, the durable checkpoints on the trace's
+clock, which reclaims an emergency checkpoint caught, the spot/on-demand switches and the
+moves they make. The age-aware replay behind `orbit simulate` is run on the same segment too;
+how it differs is asserted and documented (docs/policies.md, "One policy, two drivers").
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+
+import pytest
+
+from orbit_dagster.catalog.traces import load_trace
+from orbit_dagster.control.settings import Settings
+from orbit_dagster.policy.checkpointing import OrbitInterval
+from orbit_dagster.policy.launch_replay import ControlJob, replay_control
+from orbit_dagster.policy.simulate import JobParams, replay
+from orbit_dagster.providers.sim_market import trace_offer
+from tests.conftest import kill_processes_under, shared_data_dir
+from tests.integration.replay_driver import (SegmentRun, measured_launches, paced_template, serialise_metric_flushes,
+                                             timeline)
+
+pytestmark = pytest.mark.integration
+
+TRACE = "traces/preemption/aws-2023-04-22_us-west-2b_v100_1.json"
+# An up edge at 94.15 h: the zone then stays up 95, 68, 94 and 86 minutes, down 17, 3 and 4
+# minutes between (three reclaims before a job of this length can finish).
+AT_S = 338_944.0
+SCALE = 240.0  # market seconds per wall second: the 120 s notice lasts 0.5 s
+PACE_S = 0.02  # wall seconds per step (4.8 market seconds)
+STEPS = 2000  # 2.7 market hours of work: 2 to 4 reclaims here, as quick or slow as restores are
+# Feasible on demand from the submission (2.7 h of work), but tighter than this stretch of the
+# spot market can meet even when every restore is quick: the job must move to on-demand.
+DEADLINE_H = 3.2
+TICK_WALL_S = 180.0 / SCALE  # the price sensor asks every 180 market seconds (the policy's tick)
+MARGIN_WALL_S = 2.0  # the driver never dispatches into the last 8 market minutes of an up-run
+# What the real processes add to a time on the trace's clock on a loaded 2-core machine: a step
+# boundary late by scheduling, the metadata endpoint polled every 50 ms, the work start read
+# from metric timestamps. A quarter of a wall second, 60 market seconds, 12.5 steps.
+TOL_S = 0.25 * SCALE
+
+
+@pytest.fixture(scope="module")
+def replays(tmp_path_factory):
+    data = shared_data_dir()
+    if data is None or not (data / TRACE).is_file():
+        pytest.skip(f"needs the real preemption trace {TRACE} of the shared data set (../shared/data or "
+                    "$ORBIT_SHARED_DATA); absent on this machine")
+    root = tmp_path_factory.mktemp("policy-replay")
+    trace = load_trace(data / TRACE)
+    offer = trace_offer(trace, at_s=AT_S)
+    runs = {}
+    with pytest.MonkeyPatch.context() as mp:
+        serialise_metric_flushes(mp)
+        for var in ("ORBIT_CHECKPOINT_STORE", "ORBIT_TEMPLATES", "ORBIT_LEDGER_URL"):
+            mp.delenv(var, raising=False)
+        for name, deadline in (("plain", None), ("deadline", DEADLINE_H)):
+            settings = Settings.from_env(root / name)
+            run = SegmentRun(settings, str(data / TRACE), offer, at_s=AT_S, scale=SCALE, tick_wall_s=TICK_WALL_S,
+                             margin_wall_s=MARGIN_WALL_S)
+            template = paced_template(root, steps=STEPS, step_seconds=PACE_S)
+            run.start(template, {"deadline_hours": deadline} if deadline else {})
+            runs[name] = run
+        outcome: dict = {}
+
+        def drive(name: str) -> None:
+            try:
+                outcome[name] = runs[name].drive(timeout_s=420)
+            except BaseException as exc:  # surfaced below
+                outcome[name] = exc
+
+        threads = [threading.Thread(target=drive, args=(name,), daemon=True) for name in runs]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(450)
+        finally:
+            for run in runs.values():
+                kill_processes_under(run.settings.home)
+    out = {}
+    for name, run in runs.items():
+        if isinstance(outcome.get(name), BaseException):
+            raise outcome[name]
+        real = timeline(run, PACE_S)
+        deadline_s = DEADLINE_H * 3600.0 if name == "deadline" else None
+        launches, move = measured_launches(real, deadline_s)
+        job = ControlJob(steps=STEPS, step_s=PACE_S * SCALE, notice_s=120.0, submitted_at=real["submitted"],
+                         deadline_s=deadline_s)
+        sim = replay_control(trace, offer, job, launches, ticks=tuple(real["tick_calls"]), move=move)
+        out[name] = {"real": real, "sim": sim, "trace": trace, "offer": offer, "launches": launches}
+    return out
+
+
+def pairs(r: dict):
+    real, sim = r["real"]["attempts"], r["sim"]["attempts"]
+    assert len(real) == len(sim), (f"{len(real)} attempts on the market, {len(sim)} in the replay: "
+                                   f"{[(a['state'], a['failure_class']) for a in real]} vs {[a['end'] for a in sim]}")
+    return list(zip(real, sim))
+
+
+def end_of(a: dict) -> str:
+    return {"SUCCEEDED": "finished"}.get(a["state"], a["failure_class"])
+
+
+@pytest.mark.parametrize("name", ["plain", "deadline"])
+def test_both_drivers_replay_the_same_segment(replays, name):
+    r = replays[name]
+    assert r["real"]["state"] == "SUCCEEDED" and r["sim"]["finished"]
+    for real, sim in pairs(r):
+        assert (real["spot"], end_of(real)) == (sim["spot"], sim["end"]), f"attempt {real['attempt']}"
+        if real["spot"]:  # the host's reclaim time is the trace's 1->0 edge, on both clocks
+            assert sim["reclaim_at"] is not None and abs(real["reclaim_at"] - sim["reclaim_at"]) < 1.0
+    if name == "plain":
+        reclaims = [a for a in r["real"]["attempts"] if a["failure_class"] == "reclaim"]
+        assert len(reclaims) >= 2, "the segment must reclaim the job"
+
+
+@pytest.mark.parametrize("name", ["plain", "deadline"])
+def test_same_checkpoint_interval_at_every_dispatch(replays, name):
+    for real, sim in pairs(replays[name]):
+        iv = real["interval"]
+        assert abs(real["resumed_step"] - sim["resumed_step"]) <= TOL_S / (PACE_S * SCALE), f"attempt {real['attempt']}"
+        inputs = iv["policy_inputs"]
+        # what the policy was told: the same reclaims and notices, the same exposure (the
+        # release times are the real ones), the same work left (to the resume step's tolerance)
+        assert inputs["rate"]["reclaims"] == sim["rate"]["reclaims"]
+        assert inputs["rate"]["exposure_s"] == pytest.approx(sim["rate"]["exposure_s"], abs=1.0)
+        assert inputs["notices"] == sim["notices"]
+        assert iv["work_left_s"] == pytest.approx(sim["work_left_s"], abs=TOL_S * iv["step_s"] / (PACE_S * SCALE) + 1e-6)
+        if real["resumed_step"] == sim["resumed_step"]:
+            assert iv["interval_s"] == pytest.approx(sim["interval_s"], rel=1e-6)
+            assert int(real["interval"]["steps"]) == sim["interval_steps"]
+        else:  # a resume step one notice-poll apart changes only a run-to-the-end interval
+            assert abs(int(real["interval"]["steps"]) - sim["interval_steps"]) <= abs(real["resumed_step"]
+                                                                                     - sim["resumed_step"])
+
+
+@pytest.mark.parametrize("name", ["plain", "deadline"])
+def test_same_durable_checkpoints_on_the_trace_clock(replays, name):
+    periodic = 0
+    for real, sim in pairs(replays[name]):
+        want = [(c["step"], c["tier"]) for c in sim["checkpoints"] if c["tier"] == "durable"]
+        got = [(c["step"], c["tier"]) for c in real["checkpoints"] if c["tier"] == "durable"]
+        n = int(real["interval"]["steps"])
+        # the agent saves at every multiple of the interval dispatch chose, and at the end
+        assert all(step % n == 0 or step == STEPS for step, _ in got), f"attempt {real['attempt']}: {got} vs {n}"
+        if n == sim["interval_steps"] and real["resumed_step"] == sim["resumed_step"]:
+            assert got == want, f"attempt {real['attempt']}"
+            for c, s in zip(real["checkpoints"], [c for c in sim["checkpoints"] if c["tier"] == "durable"]):
+                assert abs(c["at"] - s["at"]) <= TOL_S, f"checkpoint at step {c['step']}: {c['at'] - s['at']:+.1f} s"
+        else:
+            assert abs(len(got) - len(want)) <= 1
+        periodic += sum(1 for step, _ in got if step != STEPS)
+    if name == "plain":
+        assert periodic >= 2, "the segment must exercise the periodic interval"
+
+
+@pytest.mark.parametrize("name", ["plain", "deadline"])
+def test_same_reclaims_caught_by_the_notice(replays, name):
+    caught = 0
+    for real, sim in pairs(replays[name]):
+        if end_of(real) != "reclaim":
+            continue
+        emergency = [c for c in real["checkpoints"] if c["tier"] == "emergency"]
+        assert bool(emergency) == sim["caught"], f"attempt {real['attempt']}"
+        assert sim["lost_steps"] == 0  # a notice on time loses nothing, caught or not
+        if emergency:
+            caught += 1
+            mine = [c for c in sim["checkpoints"] if c["tier"] == "emergency"][0]
+            assert abs(emergency[0]["at"] - mine["at"]) <= TOL_S
+            # the replay chains on the step the agent really stopped at; its own estimate (the first
+            # step after the notice was seen) is within the tolerance of it
+            assert abs(emergency[0]["step"] - sim["stop_step_model"]) <= TOL_S / (PACE_S * SCALE)
+            assert real["reclaim_at"] - 120.0 <= emergency[0]["at"] < real["reclaim_at"]  # inside the notice
+    if name == "plain":
+        assert caught >= 2
+
+
+def test_same_spot_on_demand_decisions_and_moves(replays):
+    r = replays["deadline"]
+    for real, sim in pairs(r):  # at every dispatch, from the same inputs
+        mine = sim["dispatch_market"]
+        assert real["market"]["work_left_s"] == pytest.approx(mine["work_left_s"], rel=1e-9)
+        assert real["market"]["mtbf_s"] == pytest.approx(mine["mtbf_s"], rel=1e-6)
+        assert real["market"]["chosen"] == mine["action"], f"attempt {real['attempt']}: {real['market']['reason']}"
+    switches = [d for d in r["real"]["deadline_decisions"] if d["holding"] == "spot"]
+    mine = [s for s in r["sim"]["switches"] if s["by"] == "tick"]
+    assert len(switches) == len(mine) <= 1
+    for d, s in zip(switches, mine):  # the price sensor's tick that moved the job
+        assert d["attempt"] == s["attempt"] and d["done_steps"] == s["done_steps"]
+        assert d["time_left_s"] == pytest.approx(s["time_left_s"], abs=1e-3)
+    assert len(r["real"]["migrations"]) == r["sim"]["migrations"] == len(switches)
+    kinds = [a["spot"] for a in r["real"]["attempts"]]
+    assert kinds[0] and not kinds[-1], "the deadline must move the job from spot to on-demand"
+    plain = replays["plain"]
+    assert plain["real"]["deadline_decisions"] == [] and plain["real"]["migrations"] == []
+    assert plain["sim"]["switches"] == [] and plain["sim"]["migrations"] == 0
+
+
+def test_the_age_aware_replay_differs_as_documented(replays):
+    """`orbit simulate`'s replay of the same stretch of trace, from the first instance, with the
+    run's median save and restore: no dispatch latency, the interval re-decided after every save
+    from the instance's age, saves that stop the work, the emergency checkpoint at the last
+    moment of the notice. It loses no work either, and its intervals grow with the age."""
+    r = replays["plain"]
+    real = r["real"]["attempts"]
+    save = statistics.median(c["save_s"] * SCALE for a in real for c in a["checkpoints"] if c["save_s"])
+    restore = statistics.median(a["work_start"] - a["instance_start"] for a in real if a["work_start"])
+    job = JobParams(work_s=STEPS * PACE_S * SCALE, save_s=save, restore_s=restore, notice_s=120.0,
+                    start_s=real[0]["instance_start"])
+    policy = OrbitInterval.for_offer(r["offer"], save_s=save, notice_s=120.0)
+    asked: list[tuple[float, float, bool]] = []  # (age, interval, ran to the end)
+    interval = policy.interval
+
+    def recorded(age_s, work_left_s=math.inf):
+        tau = interval(age_s, work_left_s)
+        asked.append((age_s, tau, tau >= work_left_s))
+        return tau
+
+    policy.interval = recorded
+    res = replay(r["trace"], policy, job)
+    assert res.finished and res.wasted_s == 0
+    assert res.emergency_checkpoints == res.reclaims >= 1  # every reclaim caught by its notice
+    sessions: list[list[float]] = []  # the intervals asked within each instance's life, in order
+    for i, (age, tau, to_end) in enumerate(asked):
+        if i == 0 or age < asked[i - 1][0]:
+            sessions.append([])
+        if not to_end:
+            sessions[-1].append(tau)
+    assert all(b >= a - 1.0 for sess in sessions for a, b in zip(sess, sess[1:]))  # (bisection to 0.5 s)
+    assert any(sess[-1] > sess[0] for sess in sessions if sess), "the interval lengthens as the instance ages"
+    taus = [t for sess in sessions for t in sess]
+    sim = r["sim"]["attempts"]
+    print(f"\nage-aware replay: {res.checkpoints} saves ({res.emergency_checkpoints} emergency), intervals "
+          f"{min(taus):.0f}-{max(taus):.0f} s, {res.reclaims} reclaims, done after {res.wall_s / 3600:.2f} h; "
+          f"launch protocol: {sum(len(a['checkpoints']) for a in sim)} saves "
+          f"({sum(1 for a in sim for c in a['checkpoints'] if c['tier'] == 'emergency')} emergency), intervals "
+          f"{[round(a['interval_s']) for a in sim]} s, {sum(1 for a in sim if a['end'] == 'reclaim')} reclaims, done "
+          f"after {(sim[-1]['checkpoints'][-1]['at'] - real[0]['instance_start']) / 3600:.2f} h")
