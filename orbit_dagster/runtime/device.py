@@ -6,7 +6,7 @@ the CPU otherwise; `ORBIT_DEVICE` (`auto`, `cpu`, `cuda`, `cuda:N`) overrides it
 the host's environment, and `ORBIT_PRECISION` (`auto`, `fp32`, `bf16`) the autocast dtype.
 
 Determinism (what makes a resumed run bit-identical to an uninterrupted one):
-- CPU: a pinned thread count and `torch.use_deterministic_algorithms(True)`.
+- CPU: a pinned thread count and deterministic algorithms (eager mode).
 - CUDA: the same, plus `CUBLAS_WORKSPACE_CONFIG=:4096:8` (cuBLAS picks reproducible
   reductions only with a fixed workspace, and reads it when its first handle is made, so
   it is set here, before any matmul), cuDNN autotuning off, TF32 off (its rounding depends
@@ -129,7 +129,18 @@ def make_deterministic(device: torch.device, threads: int) -> None:
         torch.backends.cudnn.deterministic = True
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    torch.use_deterministic_algorithms(True)
+    deterministic_algorithms()
+
+
+def deterministic_algorithms() -> None:
+    """`torch.use_deterministic_algorithms(True)` for eager mode, without its import of the
+    compiler stack (torch._inductor, ~2.8 s of CPU per process start, only to set a flag for
+    torch.compile, which workloads here do not use)."""
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:  # another torch: the public call, whatever it imports
+        torch.use_deterministic_algorithms(True)
+    else:
+        setter(True)
 
 
 @contextlib.contextmanager
