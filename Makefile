@@ -9,7 +9,7 @@ export ORBIT_HOME ?= $(CURDIR)/.orbit
 # without it, the market replays traces generated from the model fitted to them.
 export ORBIT_SIM_TRACES ?= $(wildcard $(CURDIR)/../shared/data/traces)
 
-.PHONY: install system-deps demo test test-fast ui clean
+.PHONY: install system-deps demo test test-all test-fast ui clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,8 +28,14 @@ system-deps:
 demo: install
 	$(BIN)/orbit demo
 
+# Two workers: most tests wait on real processes. The end-to-end tests share one worker.
 test: install system-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+
+# Everything, the opt-in tests too (`slow`: the 20-job PostgreSQL scale test, a run worker
+# killed under the team profile): tens of minutes on 2 cores.
+test-all: install system-deps
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m ''
 
 test-fast: install
 	$(BIN)/python -m pytest -q tests/unit

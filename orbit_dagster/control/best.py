@@ -52,17 +52,18 @@ def primary_metric_for(ledger: Ledger, experiment: str):
 
 
 def candidates(ledger: Ledger, experiment: str, metric: str, *, lineage: str = "current") -> list[Candidate]:
+    # Each candidate's latest value of the metric by one index lookup (metric_points
+    # (checkpoint_key, source, name, ts)): a join against a window over the experiment's
+    # points is a nested scan in SQLite, quadratic in the experiment's checkpoints.
     rows = ledger.rows(
-        """WITH ev AS (
-               SELECT m.checkpoint_key, m.value,
-                      row_number() OVER (PARTITION BY m.checkpoint_key ORDER BY m.ts DESC, m.id DESC) AS rn
-               FROM metric_points m WHERE m.experiment = ? AND m.source = 'eval' AND m.name = ?)
-           SELECT c.checkpoint_key, c.step, c.train_loss, ev.value AS eval_value
+        """SELECT c.checkpoint_key, c.step, c.train_loss,
+                  (SELECT m.value FROM metric_points m
+                   WHERE m.checkpoint_key = c.checkpoint_key AND m.source = 'eval' AND m.name = ?
+                   ORDER BY m.ts DESC, m.id DESC LIMIT 1) AS eval_value
            FROM checkpoints c JOIN jobs j ON j.job_id = c.job_id
-           LEFT JOIN ev ON ev.checkpoint_key = c.checkpoint_key AND ev.rn = 1
            WHERE c.experiment = ? AND c.deleted_at IS NULL
              AND (? = 'all' OR (? = 'current' AND c.lineage = j.lineage) OR c.lineage = ?)""",
-        [experiment, metric, experiment, lineage, lineage, lineage],
+        [metric, experiment, lineage, lineage, lineage],
     )
     train_ok = training_counterpart(metric) == "train/loss"
     return [Candidate(r["checkpoint_key"], int(r["step"]), r["eval_value"], r["train_loss"] if train_ok else None)

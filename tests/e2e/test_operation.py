@@ -70,7 +70,10 @@ def control_plane(pids: set[int]) -> dict[int, str]:
     for pid in pids:
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state in ("Z", "X"):  # exited, waiting for the init process to reap it: not running
             continue
         if "orbit_dagster.providers.sim_host" not in cmd and "orbit_dagster.runtime.agent" not in cmd:
             out[pid] = cmd[:200]
@@ -157,6 +160,7 @@ def test_orbit_ui_listens_on_loopback_only_and_stops_with_its_daemon(orbit_home,
     assert re.search(r"Serving dagster-webserver on http://127\.0\.0\.1:\d+", web)
 
 
+@pytest.mark.slow  # minutes of a whole machine: `make test-all`
 def test_a_killed_run_worker_is_retried_and_the_attempt_launches_once(team_profile, orbit_home):
     settings = Settings.from_env(orbit_home)
     ledger = settings.ledger()

@@ -28,7 +28,7 @@ from orbit_dagster.resources import OrbitResource
 from tests.helpers import wait_for
 from tests.postgres import postgres, team_profile  # noqa: F401 - fixtures
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]
 JOBS = 20
 RECLAIMS = 3
 POOL_LIMIT, TRAIN_LIMIT = 6, 5  # ORBIT_POOLS sim=6: trainings leave one slot to evaluations

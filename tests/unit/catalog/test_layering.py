@@ -31,7 +31,10 @@ def test_catalog_imports_no_orchestrator_or_vendor_sdk(name):
 
 def test_probe_imports_only_stdlib_and_torch():
     imported = {n.split(".")[0] for n in _imports(PKG / "runtime" / "probe.py")}
-    assert imported <= {"__future__", "platform", "time", "torch"}
+    # `device` is the runtime's own device module (relative import), itself stdlib + torch.
+    assert imported <= {"__future__", "platform", "time", "torch", "device"}
+    device = {n.split(".")[0] for n in _imports(PKG / "runtime" / "device.py")}
+    assert device <= {"__future__", "contextlib", "os", "dataclasses", "typing", "torch"}
 
 
 @pytest.mark.parametrize("name", CATALOG)
