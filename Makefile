@@ -28,14 +28,16 @@ system-deps:
 demo: install
 	$(BIN)/orbit demo
 
-# Two workers: most tests wait on real processes. The end-to-end tests share one worker.
+# Two pytest processes side by side (most tests wait on real processes): the end-to-end
+# tests in one (one Dagster daemon at a time, one demo run for all of them), the rest in
+# the other.
 test: install system-deps
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	PYTHON=$(BIN)/python scripts/test.sh
 
 # Everything, the opt-in tests too (`slow`: the 20-job PostgreSQL scale test, a run worker
 # killed under the team profile): tens of minutes on 2 cores.
 test-all: install system-deps
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m ''
+	PYTHON=$(BIN)/python scripts/test.sh -m ''
 
 test-fast: install
 	$(BIN)/python -m pytest -q tests/unit

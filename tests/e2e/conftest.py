@@ -18,11 +18,3 @@ def demo_run(tmp_path_factory):
         result = run_demo(settings, overrides=E2E_OVERRIDES, experiment="e2e", reclaims=False, timeout_s=900)
     return settings, result
 
-
-def pytest_collection_modifyitems(items):
-    # One xdist worker runs every end-to-end test, in file order: they share the demo run, and
-    # two Dagster daemons at once would starve each other on a 2-core machine.
-    here = __file__.rsplit("/", 1)[0]
-    for item in items:
-        if str(item.fspath).startswith(here):
-            item.add_marker(pytest.mark.xdist_group("e2e"))
