@@ -28,14 +28,12 @@ system-deps:
 demo: install
 	$(BIN)/orbit demo
 
-# Two pytest processes side by side (most tests wait on real processes): the end-to-end
-# tests in one (one Dagster daemon at a time, one demo run for all of them), the rest in
-# the other.
+# Three pytest processes side by side (scripts/test.sh): end-to-end, integration, the rest.
 test: install system-deps
 	PYTHON=$(BIN)/python scripts/test.sh
 
 # Everything, the opt-in tests too (`slow`: the 20-job PostgreSQL scale test, a run worker
-# killed under the team profile): tens of minutes on 2 cores.
+# killed under the team profile, a few long duplicates of covered paths): tens of minutes.
 test-all: install system-deps
 	PYTHON=$(BIN)/python scripts/test.sh -m ''
 

@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
-# The test suite as `make test` runs it: the end-to-end tests (tests/e2e: one Dagster daemon
-# at a time, one demo run shared by them) in one pytest process and everything else in
-# another, side by side, each line prefixed with its half. Extra arguments go to both
-# (`make test-all` passes `-m ''`). Exits non-zero when either half fails.
+# The test suite as `make test` runs it: three pytest processes side by side, each line
+# prefixed with its part: the end-to-end tests (tests/e2e: one Dagster daemon at a time,
+# one demo run shared by them), the integration tests, and the rest (unit, security,
+# reliability). Most tests wait on real processes, so two cores keep three parts busy.
+# Extra arguments go to every part (`make test-all` passes `-m ''`). Exits non-zero when
+# any part fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
+export PYTHONUNBUFFERED=1  # lines as they come, not at the end
+codes=$(mktemp -d)
+trap 'rm -rf "$codes"' EXIT
 
-"$PY" -m pytest -q tests/e2e "$@" 2>&1 | sed -u 's/^/[e2e] /' &
-e2e=$!
-"$PY" -m pytest -q tests --ignore=tests/e2e "$@" 2>&1 | sed -u 's/^/[rest] /' &
-rest=$!
-wait "$rest"; rc_rest=$?
-wait "$e2e"; rc_e2e=$?
-echo "tests outside tests/e2e: exit $rc_rest; tests/e2e: exit $rc_e2e"
-[ "$rc_rest" -eq 0 ] && [ "$rc_e2e" -eq 0 ]
+part() {  # NAME PYTEST-ARGS...: run pytest, prefix its lines, keep its exit code
+  local name=$1
+  shift
+  { "$PY" -m pytest -q "$@" 2>&1; echo $? > "$codes/$name"; } | sed -u "s/^/[$name] /"
+}
+
+part e2e tests/e2e "$@" &
+part integration tests/integration "$@" &
+part rest tests --ignore=tests/e2e --ignore=tests/integration "$@" &
+wait
+rc=0
+for name in e2e integration rest; do
+  code=$(cat "$codes/$name" 2>/dev/null || echo 1)
+  echo "$name: exit $code"
+  [ "$code" = 0 ] || rc=1
+done
+exit $rc

@@ -182,7 +182,13 @@ def _run(con: duckdb.DuckDBPyConnection, sql: str):
 
 def _serve(url: str, home: str | None, pipe) -> None:
     """The worker process: one locked DuckDB connection, one query at a time from the pipe."""
+    import signal
+
     from .store import Ledger
+
+    # A parent started with SIGTERM ignored (a background job, a supervisor) passes that on;
+    # its exit then terminates this daemonic child with SIGTERM and waits for it: it must die.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     ledger = Ledger(url, home=Path(home) if home else None)
     write_people_catalog(ledger)

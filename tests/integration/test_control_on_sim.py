@@ -98,6 +98,7 @@ def test_a_job_that_is_not_queued_is_not_launched_again(settings):
     assert settings.ledger().scalar("SELECT count(*) FROM instances WHERE purpose = 'train' AND job_id = ?", [job]) == 1
 
 
+@pytest.mark.slow  # the same defect is tests/reliability/test_defect_1_6_8_attempts.py::test_defect_1_*
 def test_retry_from_scratch_with_another_lr_never_reports_the_old_weights(settings):
     """Issue 8, defect 1: a retry used to register none of its checkpoints and keep the old ones."""
     job = submit(settings, "charlm-finetune", FAST, experiment="lr")

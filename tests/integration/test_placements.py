@@ -1,5 +1,7 @@
 """The example template on every provider, changing only the placement override: the sim
 market, an SSH rental host (a real sshd on loopback), AWS EC2 spot (moto's server)."""
+import pytest
+
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.evaluate import evaluate_checkpoint
 from orbit_dagster.control.settings import Settings
@@ -42,6 +44,7 @@ def test_ssh_rental_host_on_loopback(orbit_home, ssh_inventory, monkeypatch):
     assert ledger.scalar("SELECT gpu_slots FROM instances WHERE job_id = ? AND purpose = 'train'", [job]) is not None
 
 
+@pytest.mark.slow  # the AWS path end to end is tests/integration/test_aws_provider.py; this adds the placement table
 def test_aws_spot_through_moto(orbit_home, aws_env, ami, s3_bucket, ec2_host, monkeypatch):
     orbit_home.mkdir(parents=True, exist_ok=True)
     (orbit_home / "aws_spot_prices.tsv").write_text("use1-az1\tg6.xlarge\tLinux/UNIX\t0.35\t2026-01-01T00:00:00Z\n")

@@ -22,6 +22,7 @@ def test_without_cuda_it_measures_and_records_nothing(tmp_path):
     assert doc.read_text() == "# Benchmarks\n"
 
 
+@pytest.mark.slow  # a minute of CPU: the GPU script run end to end on the CPU
 def test_its_checks_run_on_the_cpu_and_pass():
     # Determinism (resume and rerun give the same weights) and OOM classification, on small sizes.
     proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--json"], capture_output=True,
