@@ -23,8 +23,18 @@ from ..resources import OrbitResource
 from .partitions import checkpoint_key_of, checkpoints_partitions
 
 
+def _checkpoint_key(context) -> str:
+    """The checked checkpoint's ledger key; a run without a partition (the Checks tab's
+    "Execute all" launches one) fails in one line that says what to do instead."""
+    if not context.has_partition_key:
+        raise dg.Failure(description=f"{context.check_specs[0].name if context.check_specs else 'this check'} checks "
+                                     "one checkpoint partition (job, a<attempt>/<step>) and this run has none; "
+                                     "fix: execute it for a partition (the partition's page, or eval_job for it)")
+    return checkpoint_key_of(context.partition_key)
+
+
 def _checkpoint_row(orbit: OrbitResource, context) -> tuple[str, dict | None]:
-    key = checkpoint_key_of(context.partition_key)
+    key = _checkpoint_key(context)
     return key, R.checkpoint(orbit.settings().ledger(), key)
 
 
@@ -60,7 +70,7 @@ def checkpoint_present(context: dg.AssetCheckExecutionContext, orbit: OrbitResou
 def evaluation_metrics_valid(context: dg.AssetCheckExecutionContext, orbit: OrbitResource) -> dg.AssetCheckResult:
     import math
 
-    key = checkpoint_key_of(context.partition_key)
+    key = _checkpoint_key(context)
     rows = orbit.settings().ledger().rows(
         "SELECT suite, name, value FROM metric_points WHERE checkpoint_key = ? AND source = 'eval'", [key])
     if not rows:

@@ -22,7 +22,7 @@ from .reporting import CHECKPOINT_KEY, DagsterReporter, check_result
     kinds={"python"},
     pool="orbit-eval",
     description="Held-out evaluation of one checkpoint with its job's suite; the script reports "
-                "{\"metrics\": {...}}. Partition: (job, a<attempt>/<step>), the checkpoint's own.",
+                "{\"metrics\": {...}}. Partition: (job, `a<attempt>/<step>`), the checkpoint's own.",
 )
 def evaluation(context: dg.AssetExecutionContext, orbit: OrbitResource, sim_market: SimMarketResource,
                ssh_rental: SshRentalResource, aws_spot: AwsSpotResource) -> dg.MaterializeResult:

@@ -25,7 +25,7 @@ checkpoint = dg.AssetSpec(
     partitions_def=checkpoints_partitions,
     deps=[dg.AssetDep("training_run", partition_mapping=dg.MultiToSingleDimensionPartitionMapping(JOB_DIM))],
     description="A complete, verified checkpoint (manifest + sha256 of every file), reported by its own job's "
-                "training run. Partition: (job, a<attempt>/<step>).",
+                "training run. Partition: (job, `a<attempt>/<step>`).",
     group_name="training",
     kinds={"torch"},
 )

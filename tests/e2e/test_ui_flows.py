@@ -257,14 +257,6 @@ def test_the_training_run_shows_its_loss_by_step(ui):
     ui.shot("loss-plot.png")
 
 
-NO_LOSS_CURVE = (
-    "no per-job loss curve: Dagster 1.13 plots numeric metadata by partition (one point per job) or by event time "
-    "across all partitions, so `train/loss by step` is a table only. A curve on the job's partition page needs an "
-    "image in the materialisation's metadata, e.g. MetadataValue.md('![train/loss](data:image/svg+xml;base64,...)') "
-    "from assets/metadata.loss_curve (the UI renders such an image; tried)")
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=NO_LOSS_CURVE)
 def test_the_training_run_partition_draws_a_loss_curve(ui):
     job = trained_job(ui)
     ui.goto(f"/assets/training_run?view=partitions&partition={job}")
@@ -272,27 +264,12 @@ def test_the_training_run_partition_draws_a_loss_curve(ui):
     assert ui.page.locator("img[src^='data:image']").count() >= 1
 
 
-DESCRIPTION_TAGS = (
-    "the descriptions of `checkpoint` and `evaluation` (assets/training.py, assets/evaluation.py) write the "
-    "partition as a<attempt>/<step>; the UI renders descriptions as Markdown, drops <attempt> and <step> as HTML "
-    "tags and shows 'Partition: (job, a/)'. Quote it in backticks")
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=DESCRIPTION_TAGS)
 def test_asset_descriptions_show_the_partition_format(ui):
     ui.goto("/assets/evaluation?view=overview")
     ui.see("Held-out evaluation of one checkpoint")
     assert "a<attempt>/<step>" in ui.text()
 
 
-EXECUTE_ALL = (
-    "the Checks tab's 'Execute all' on `checkpoint` launches the checks without a partition (Dagster 1.13 offers "
-    "none there); assets/checks.py reads context.partition_key unguarded and the run fails with Dagster's "
-    "'DagsterInvariantViolationError: Cannot access partition_key for a non-partitioned run' instead of one line "
-    "naming the partition and the fix (launch eval_job for a partition)")
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=EXECUTE_ALL)
 def test_execute_all_checks_without_a_partition_says_what_to_do(ui):
     trained_job(ui)
     before = {r.run_id for r in ui.runs()}
