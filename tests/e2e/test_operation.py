@@ -128,7 +128,8 @@ def test_orbit_daemon_says_what_it_waits_for_logs_cleanly_and_stops_on_sigterm(o
     log = out.read_text()
     assert_clean_log(log)
     assert "Creating new run for job_queue_sensor" in log or "Launching run for job_queue_sensor" in log
-    assert lines_up < 20 and len(log.splitlines()) < 200, len(log.splitlines())
+    # (a bound, not a tick budget: on a loaded machine the code server reloads and logs its warnings more)
+    assert lines_up < 20 and len(log.splitlines()) < 400, len(log.splitlines())
 
 
 def test_orbit_ui_listens_on_loopback_only_and_stops_with_its_daemon(orbit_home, tmp_path):
