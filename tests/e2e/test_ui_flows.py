@@ -237,7 +237,9 @@ def test_the_training_run_shows_its_loss_by_step(ui):
     job = trained_job(ui)
     points = ledger(ui).rows("""SELECT step, value FROM metric_points WHERE job_id = ? AND source = 'train'
                                 AND name = 'train/loss' ORDER BY step""", [job])
-    assert len(points) >= 5
+    # The workload logs the loss on a time cadence and at every checkpoint: how many points a
+    # short job has depends on the machine's speed; a curve needs a few.
+    assert len(points) >= 3
     ui.goto(f"/assets/training_run?view=partitions&partition={job}")
     ui.see("train/loss by step")
     table = ui.page.locator("table", has_text="train_loss").last
