@@ -42,6 +42,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from recording import replace_section  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -352,17 +355,11 @@ HEADER = ("| state | operation | ours s (throughput) | raw | raw s (throughput) 
 
 
 def record(path: Path, rows: list[str], command: str, seconds: float) -> None:
-    text = path.read_text(encoding="utf-8")
     section = (f"\n## Checkpoint I/O (bench/checkpoint_io.py)\n\nMeasured {date.today().isoformat()} on "
                f"{platform.machine()} ({os.cpu_count()} cores, shared with other work: load average "
                f"{LOAD_AT_START:.1f} at the start, {os.getloadavg()[0]:.1f} at the end), torch {torch.__version__}, "
                f"in {seconds:.0f} s. Command: `{command}`.\n\n{HEADER}\n" + "\n".join(rows) + "\n")
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
-    else:
-        head, tail = text.rstrip("\n") + "\n\n", "\n"
-    path.write_text(head + BEGIN + section + END + tail, encoding="utf-8")
+    replace_section(path, BEGIN, END, section)
 
 
 def main(argv: list[str] | None = None) -> int:

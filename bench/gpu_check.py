@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+
+from recording import replace_section  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -200,14 +201,8 @@ def render(r: dict) -> str:
 
 
 def record(path: Path, body: str) -> None:
-    text = path.read_text(encoding="utf-8")
     section = f"\n## The GPU (bench/gpu_check.py)\n\n{body}\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
-    else:
-        head, tail = text.rstrip("\n") + "\n\n", "\n"
-    path.write_text(head + BEGIN + section + END + tail, encoding="utf-8")
+    replace_section(path, BEGIN, END, section)
 
 
 def main(argv: list[str] | None = None) -> int:

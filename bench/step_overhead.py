@@ -41,6 +41,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from recording import replace_section  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -223,7 +226,6 @@ HEADER = ("| model | checkpoint | durable every (steps) | pairs | off s/step (wa
 
 
 def record(path: Path, rows: list[str], command: str, seconds: float) -> None:
-    text = path.read_text(encoding="utf-8")
     plan = devices.plan()
     section = (f"\n## Checkpoint step-time overhead (bench/step_overhead.py)\n\nMeasured {date.today().isoformat()} "
                f"on {platform.machine()} ({os.cpu_count()} cores, shared with other work: load average "
@@ -235,12 +237,7 @@ def record(path: Path, rows: list[str], command: str, seconds: float) -> None:
                "seconds it spent more); the overhead at another durable interval is about this / that interval's "
                "length in seconds.\n\n"
                f"{HEADER}\n" + "\n".join(rows) + "\n")
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
-    else:
-        head, tail = text.rstrip("\n") + "\n\n", "\n"
-    path.write_text(head + BEGIN + section + END + tail, encoding="utf-8")
+    replace_section(path, BEGIN, END, section)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,15 @@
+"""`--record`: rewrite one benchmark's section of docs/benchmarks.md between its markers."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def replace_section(path: Path, begin: str, end: str, section: str) -> None:
+    """Put `section` between `begin` and `end` in `path`, or append the three when absent."""
+    text = path.read_text(encoding="utf-8")
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
+    else:
+        head, tail = text.rstrip("\n") + "\n\n", "\n"
+    path.write_text(head + begin + section + end + tail, encoding="utf-8")
