@@ -3,9 +3,9 @@
 Dagster lets only sensors launch backfills (a schedule yields runs), so the six-hourly
 cadence is this sensor's interval. What it backfills is `control.backfill.plan_backfill`'s:
 live checkpoints without a result for their job's current suite version, and evaluations
-that failed hours ago. The backfill's runs are ordinary `evaluation` materialisations:
-they take the `orbit-eval` pool like every other evaluation, and the ledger's claim lets
-only one run evaluate a (checkpoint, suite) at a time, whoever launched it.
+that failed hours ago, one backfill per suite and provider so that its runs carry their
+provider's pool tag (`orbit/pool`) like every other evaluation. The ledger's claim lets only
+one run evaluate a (checkpoint, suite) at a time, whoever launched it.
 """
 import dagster as dg
 
