@@ -209,18 +209,21 @@ def metric_set(name: str, mode: str, experiment: str | None, project: str | None
 
 @cli.command()
 @click.option("--by", type=click.Choice(["job", "experiment", "checkpoint"]), default="job", show_default=True)
+@click.option("--experiment", default=None, help="only this experiment's jobs")
+@click.option("--job", "job_id", default=None, help="only this job")
 @click.option("--json", "as_json", is_flag=True)
-def cost(by: str, as_json: bool) -> None:
+def cost(by: str, experiment: str | None, job_id: str | None, as_json: bool) -> None:
     """Cost attributed per job, experiment or checkpoint; waste and overhead are their own lines; the
     lines sum to the bill (instances still running are billed when they stop)."""
     from .ledger import queries as Q
 
     ledger = _settings().ledger()
-    df = Q.cost_table(ledger, by)
+    df = Q.cost_table(ledger, by, experiment=experiment, job=job_id)
     _print_df(df, as_json)
     if not as_json:
-        running = ledger.scalar("SELECT count(*) FROM instances WHERE stopped_at IS NULL") or 0
-        click.echo(f"total ${float(df['usd'].sum()) if len(df) else 0.0:.6f} = billed ${Q.billed_usd(ledger):.6f}"
+        running = Q.running_instances(ledger, experiment=experiment, job=job_id)
+        billed = Q.billed_usd(ledger, experiment=experiment, job=job_id)
+        click.echo(f"total ${float(df['usd'].sum()) if len(df) else 0.0:.6f} = billed ${billed:.6f}"
                    + (f"; {running} instance(s) still running, billed when they stop" if running else ""))
 
 

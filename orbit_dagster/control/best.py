@@ -4,12 +4,12 @@ Reading the best (`compute_best`, `orbit best`) never writes; the `best_checkpoi
 records it (`record_best`). Candidates are the experiment's live checkpoints of each job's
 current lineage (a retry from scratch or with another config supersedes the old weights),
 unless the caller asks for `lineage="all"` or one lineage by id. A checkpoint's evaluation
-value is its most recent evaluation's.
+value is its most recent evaluation's (`eval_latest`, kept on write by the ledger).
 """
 from __future__ import annotations
 
 from ..core.errors import NotFound, OrbitError
-from ..core.metrics import Candidate, pick_best, resolve_primary_metric, training_counterpart
+from ..core.metrics import BestChoice, Candidate, resolve_primary_metric, training_counterpart
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
 from .settings import Settings
@@ -41,33 +41,70 @@ def primary_metric_for(ledger: Ledger, experiment: str):
         raise NotFound(f"no experiment {experiment!r}", field="experiment", value=experiment,
                        fix="list experiments with `orbit sql \"SELECT * FROM experiments\"`")
     proj = ledger.one("SELECT * FROM projects WHERE project = ?", [exp["project"]])
-    names = [r["name"] for r in ledger.rows(
-        "SELECT DISTINCT name FROM metric_points WHERE experiment = ? AND source = 'eval'", [experiment])]
-    return resolve_primary_metric(
-        (exp["primary_metric"], exp["primary_mode"]),
-        (proj["primary_metric"], proj["primary_mode"]) if proj else None,
-        names,
-        template=(exp["template_metric"], exp["template_mode"]),
-    )
+    chosen = (exp["primary_metric"], exp["primary_mode"])
+    of_project = (proj["primary_metric"], proj["primary_mode"]) if proj else None
+    of_template = (exp["template_metric"], exp["template_mode"])
+    # The metrics evaluated so far matter only when nobody named one (the global default);
+    # asked only then: in a large experiment they are a scan of its index.
+    named = any(pair and pair[0] for pair in (chosen, of_project, of_template))
+    names = [] if named else [r["name"] for r in ledger.rows(
+        "SELECT DISTINCT name FROM eval_latest WHERE experiment = ?", [experiment])]
+    return resolve_primary_metric(chosen, of_project, names, template=of_template)
+
+
+# The lineage scope as SQL over checkpoints `c` joined to their job `j`: parameters
+# (scope, scope, scope). `current`: each job's current lineage; `all`; or one lineage id.
+_SCOPE = "(? = 'all' OR (? = 'current' AND c.lineage = j.lineage) OR c.lineage = ?)"
+# Finite: NULL, NaN (PostgreSQL orders it above every number) and infinities never compete.
+_FINITE = "BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308"
 
 
 def candidates(ledger: Ledger, experiment: str, metric: str, *, lineage: str = "current") -> list[Candidate]:
-    # Each candidate's latest value of the metric by one index lookup (metric_points
-    # (checkpoint_key, source, name, ts)): a join against a window over the experiment's
-    # points is a nested scan in SQLite, quadratic in the experiment's checkpoints.
+    """Every candidate checkpoint with its latest value of `metric` (the asset's input table)."""
     rows = ledger.rows(
-        """SELECT c.checkpoint_key, c.step, c.train_loss,
-                  (SELECT m.value FROM metric_points m
-                   WHERE m.checkpoint_key = c.checkpoint_key AND m.source = 'eval' AND m.name = ?
-                   ORDER BY m.ts DESC, m.id DESC LIMIT 1) AS eval_value
-           FROM checkpoints c JOIN jobs j ON j.job_id = c.job_id
-           WHERE c.experiment = ? AND c.deleted_at IS NULL
-             AND (? = 'all' OR (? = 'current' AND c.lineage = j.lineage) OR c.lineage = ?)""",
+        f"""SELECT c.checkpoint_key, c.step, c.train_loss, l.value AS eval_value
+            FROM checkpoints c JOIN jobs j ON j.job_id = c.job_id
+            LEFT JOIN eval_latest l ON l.checkpoint_key = c.checkpoint_key AND l.name = ?
+            WHERE c.experiment = ? AND c.deleted_at IS NULL AND {_SCOPE}""",
         [metric, experiment, lineage, lineage, lineage],
     )
     train_ok = training_counterpart(metric) == "train/loss"
     return [Candidate(r["checkpoint_key"], int(r["step"]), r["eval_value"], r["train_loss"] if train_ok else None)
             for r in rows]
+
+
+def rank_best(ledger: Ledger, experiment: str, metric: str, mode: str, *, lineage: str = "current") -> BestChoice | None:
+    """`pick_best` over `candidates`, answered by the database: the best value through
+    eval_latest's index in metric order (stopping at the first live checkpoint of the
+    lineage), then the checkpoints tied at it by step and key, and a count; training values
+    only when no checkpoint has an evaluation. The same choice and count as `pick_best`
+    (tests/unit/ledger/test_rollups.py)."""
+    order = "ASC" if mode == "min" else "DESC"
+    scope = [lineage, lineage, lineage]
+    live = f"c.deleted_at IS NULL AND {_SCOPE}"
+    sources = (
+        ("eval", "l.value", f"""FROM eval_latest l JOIN checkpoints c ON c.checkpoint_key = l.checkpoint_key
+                                JOIN jobs j ON j.job_id = c.job_id
+                                WHERE l.experiment = ? AND l.name = ? AND {live}""",
+         [experiment, metric, *scope]),
+        ("train", "c.train_loss", f"""FROM checkpoints c JOIN jobs j ON j.job_id = c.job_id
+                                      WHERE c.experiment = ? AND {live}""", [experiment, *scope]),
+    )
+    with ledger.read() as tx:  # the choice and its count from one snapshot
+        for source, value, rows, params in sources:
+            if source == "train" and training_counterpart(metric) != "train/loss":
+                return None
+            finite = f"{rows} AND {value} {_FINITE}"
+            # Two steps, each an index walk that stops early: one ORDER BY over value, step and
+            # key makes SQLite read and sort every candidate.
+            best_value = tx.scalar(f"SELECT {value} {finite} ORDER BY {value} {order} LIMIT 1", params)
+            if best_value is None:
+                continue
+            best = tx.one(f"SELECT c.checkpoint_key {rows} AND {value} = ? ORDER BY c.step, c.checkpoint_key LIMIT 1",
+                          [*params, best_value])
+            return BestChoice(best["checkpoint_key"], float(best_value), source,  # type: ignore[index]
+                              int(tx.scalar(f"SELECT count(*) {finite}", params)))
+    return None
 
 
 def lineage_chain(ledger: Ledger, checkpoint_key: str) -> list[dict]:
@@ -88,7 +125,7 @@ def compute_best(settings: Settings, experiment: str, *, lineage: str = "current
     """The best checkpoint of an experiment now (reads only)."""
     ledger = settings.ledger()
     pm = primary_metric_for(ledger, experiment)
-    choice = pick_best(candidates(ledger, experiment, pm.name, lineage=lineage), pm.mode)
+    choice = rank_best(ledger, experiment, pm.name, pm.mode, lineage=lineage)
     if choice is None:
         return None
     n_evals = int(ledger.scalar(

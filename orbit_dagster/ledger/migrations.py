@@ -14,7 +14,8 @@ from typing import Callable
 
 import sqlalchemy as sa
 
-from .schema import TABLES, VIEWS, metadata, view_sql
+from . import rollups
+from .schema import CANDIDATE_INDEX, TABLES, VIEWS, metadata, view_sql
 from .store import Ledger, LedgerError, Tx
 
 ADVISORY_LOCK_ID = 720_177_001  # any constant: one migration at a time per PostgreSQL database
@@ -32,9 +33,18 @@ def _v1_initial(tx: Tx) -> None:
     _create_views(tx)
 
 
+def _v2_rollups(tx: Tx) -> None:
+    derived = ("cost_lines", "cost_jobs", "eval_latest")
+    metadata.create_all(tx.conn, tables=[TABLES[name].table for name in derived], checkfirst=True)
+    CANDIDATE_INDEX.create(tx.conn, checkfirst=True)
+    _create_views(tx)  # the cost views now read the totals
+    rollups.rebuild(tx)
+
+
 # (version, what it does, the change). Append only: a released migration never changes.
 MIGRATIONS: list[tuple[int, str, Callable[[Tx], None]]] = [
     (1, "transactional ledger: tables, indexes, views", _v1_initial),
+    (2, "cost totals and latest evaluation values kept on write", _v2_rollups),
 ]
 LATEST = MIGRATIONS[-1][0]
 

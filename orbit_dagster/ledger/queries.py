@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..core.errors import OrbitError
+from ..core.errors import NotFound, OrbitError
 from .store import Ledger
 
 COST_VIEWS = {"job": "cost_by_job", "experiment": "cost_by_experiment", "checkpoint": "cost_by_checkpoint"}
@@ -60,16 +60,47 @@ def checkpoints(ledger: Ledger, job_id: str) -> pd.DataFrame:
     )
 
 
-def cost_table(ledger: Ledger, by: str = "job") -> pd.DataFrame:
-    """Cost attribution by job, experiment or checkpoint; every table sums to the bill."""
+def cost_table(ledger: Ledger, by: str = "job", *, experiment: str | None = None,
+               job: str | None = None) -> pd.DataFrame:
+    """Cost attribution by job, experiment or checkpoint, of everything or of one experiment
+    or job; every table sums to the bill of what it covers (`billed_usd` with the same filter)."""
     if by not in COST_VIEWS:
         raise OrbitError(f"cannot group cost by {by!r}", field="--by", value=by, fix=f"use one of: {', '.join(COST_VIEWS)}")
-    return ledger.frame(f"SELECT * FROM {COST_VIEWS[by]} ORDER BY {COST_ORDER[by]}")
+    if job is not None and by == "experiment":
+        raise OrbitError("a job's cost cannot be grouped by experiment", field="--by", value=by,
+                         fix="use --by job or --by checkpoint with --job")
+    for table, column, value in (("experiments", "experiment", experiment), ("jobs", "job_id", job)):
+        if value is not None and ledger.scalar(f"SELECT count(*) FROM {table} WHERE {column} = ?", [value]) == 0:
+            raise NotFound(f"no {column} {value!r} in the ledger", field=column, value=value,
+                           fix=f"list them with `orbit sql \"SELECT {column} FROM {table}\"`")
+    where, params = _cost_filter(experiment, job)
+    return ledger.frame(f"SELECT * FROM {COST_VIEWS[by]} {where} ORDER BY {COST_ORDER[by]}", params)
 
 
-def billed_usd(ledger: Ledger) -> float:
-    """What the providers billed: every stopped instance, start to stop, at its price."""
-    return float(ledger.scalar("SELECT coalesce(sum(billed_usd), 0) FROM instances WHERE stopped_at IS NOT NULL") or 0.0)
+def _cost_filter(experiment: str | None, job: str | None) -> tuple[str, list]:
+    terms = [(c, v) for c, v in (("experiment", experiment), ("job_id", job)) if v is not None]
+    return ("WHERE " + " AND ".join(f"{c} = ?" for c, _ in terms) if terms else "", [v for _, v in terms])
+
+
+def _instances_filter(experiment: str | None, job: str | None) -> tuple[str, list]:
+    """An experiment's or job's instances (its evaluations' included): WHERE terms over instances."""
+    where, params = _cost_filter(experiment, job)
+    return where.replace("experiment = ?", "job_id IN (SELECT job_id FROM jobs WHERE experiment = ?)"), params
+
+
+def billed_usd(ledger: Ledger, *, experiment: str | None = None, job: str | None = None) -> float:
+    """What the providers billed: every stopped instance, start to stop, at its price (of one
+    experiment's or job's instances when given)."""
+    where, params = _instances_filter(experiment, job)
+    where = f"{where} AND stopped_at IS NOT NULL" if where else "WHERE stopped_at IS NOT NULL"
+    return float(ledger.scalar(f"SELECT coalesce(sum(billed_usd), 0) FROM instances {where}", params) or 0.0)
+
+
+def running_instances(ledger: Ledger, *, experiment: str | None = None, job: str | None = None) -> int:
+    """Instances not yet stopped, so not yet billed (of one experiment or job when given)."""
+    where, params = _instances_filter(experiment, job)
+    where = f"{where} AND stopped_at IS NULL" if where else "WHERE stopped_at IS NULL"
+    return int(ledger.scalar(f"SELECT count(*) FROM instances {where}", params) or 0)
 
 
 def best(ledger: Ledger, experiment: str) -> pd.DataFrame:

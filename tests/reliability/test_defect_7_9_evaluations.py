@@ -254,6 +254,25 @@ def test_defect_9_cost_by_checkpoint_sums_to_the_bill(in_home):
         # (--json writes 10 decimals: a rounding of at most 5e-11 USD per row)
         assert sum(r["usd"] for r in rows) == pytest.approx(bill, abs=1e-10 * len(rows)), by
         assert "NaN" not in cli("cost", "--by", by)[1]
+    # One job's or experiment's lines sum to the bill of its own instances (evaluations included).
+    settings, job, *_ = in_home
+    experiment = ledger.scalar("SELECT experiment FROM jobs WHERE job_id = ?", [job])
+    job_bill = ledger.scalar("SELECT sum(billed_usd) FROM instances WHERE job_id = ?", [job])
+    assert 0 < job_bill <= bill
+    for flags in (["--job", job], ["--experiment", experiment]):
+        code, out, err = cli("cost", "--by", "checkpoint", *flags, "--json")
+        assert code == 0, err
+        rows = json.loads(out)
+        assert rows and {r["job_id"] for r in rows} <= {r["job_id"] for r in ledger.rows(
+            "SELECT job_id FROM jobs WHERE experiment = ?", [experiment])}
+        want = job_bill if flags[0] == "--job" else ledger.scalar(
+            "SELECT sum(billed_usd) FROM instances WHERE job_id IN (SELECT job_id FROM jobs WHERE experiment = ?)",
+            [experiment])
+        assert sum(r["usd"] for r in rows) == pytest.approx(want, abs=1e-10 * len(rows)), flags
+        code, out, err = cli("cost", *flags)
+        assert code == 0 and f"= billed ${want:.6f}" in out, out
+    code, out, err = cli("cost", "--job", "no-such-job")
+    assert code == 2 and "no-such-job" in err and "Traceback" not in err
 
 
 @pytest.mark.fault("defect 9: a run imported with `orbit import-run`", expect="listed by `orbit status` as imported")

@@ -1,0 +1,97 @@
+"""Totals kept up to date in the transaction that writes their facts.
+
+`orbit cost` and `orbit best` must not get slower as history grows, so they do not
+aggregate history when asked. Two small tables are derived from the facts instead and
+rewritten, for the keys a write touched, inside that write's transaction (`Tx.insert`
+calls `after_insert`), so they can never disagree with the facts a reader sees:
+
+- `cost_lines` (one row per job and line: a checkpoint, or `(wasted)`/`(overhead)`) and
+  `cost_jobs` (one row per job), from `costs`; the cost views read them. A write
+  recomputes the touched job's rows from its own cost lines (an index lookup), never
+  adds increments, so a repeated or retried write cannot make them drift.
+- `eval_latest`: each checkpoint's most recent evaluation value of each metric, from
+  `metric_points`; `orbit best` ranks an experiment's checkpoints through its index
+  (experiment, name, value) and stops at the first live one of the current lineage.
+
+Migration 2 fills them once from the facts of an existing ledger (`rebuild`).
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+_LINE = "coalesce(c.checkpoint_key, '(' || c.kind || ')')"
+_USD_BY_KIND = """
+    coalesce(sum(CASE WHEN c.kind = 'train' THEN c.usd END), 0),
+    coalesce(sum(CASE WHEN c.kind = 'eval' THEN c.usd END), 0),
+    coalesce(sum(CASE WHEN c.kind = 'wasted' THEN c.usd END), 0),
+    coalesce(sum(CASE WHEN c.kind = 'overhead' THEN c.usd END), 0),
+    coalesce(sum(c.usd), 0)"""
+
+
+def _in(column: str, values: list) -> str:
+    return f"{column} IN ({', '.join('?' for _ in values)})"
+
+
+def refresh_costs(tx, job_ids: Iterable[str] | None = None) -> None:
+    """Rewrite the cost totals of `job_ids` (all jobs when None) from their cost lines."""
+    jobs = None if job_ids is None else sorted({j for j in job_ids if j is not None})
+    if jobs == []:
+        return
+    where, params = ("", []) if jobs is None else (f"WHERE {_in('c.job_id', jobs)}", jobs)
+    for table in ("cost_lines", "cost_jobs"):
+        tx.execute(f"DELETE FROM {table} " + where.replace("c.job_id", "job_id"), params)
+    tx.execute(f"""
+        INSERT INTO cost_lines (job_id, line, checkpoint_key, experiment, train_usd, eval_usd, wasted_usd,
+                                overhead_usd, usd, seconds)
+        SELECT c.job_id, {_LINE}, c.checkpoint_key, j.experiment, {_USD_BY_KIND}, coalesce(sum(c.seconds), 0)
+        FROM costs c LEFT JOIN jobs j ON j.job_id = c.job_id {where}
+        GROUP BY c.job_id, {_LINE}, c.checkpoint_key, j.experiment""", params)
+    tx.execute(f"""
+        INSERT INTO cost_jobs (job_id, experiment, project, train_usd, eval_usd, wasted_usd, overhead_usd, usd,
+                               instance_seconds, wasted_gpu_seconds, attempts)
+        SELECT c.job_id, j.experiment, j.project, {_USD_BY_KIND}, coalesce(sum(c.seconds), 0),
+               coalesce(sum(CASE WHEN c.kind = 'wasted' THEN c.seconds * c.gpu_count END), 0),
+               count(DISTINCT CASE WHEN c.kind <> 'eval' THEN c.attempt END)
+        FROM costs c LEFT JOIN jobs j ON j.job_id = c.job_id {where}
+        GROUP BY c.job_id, j.experiment, j.project""", params)
+
+
+# A point's experiment, or its checkpoint's when the point was written without one.
+_LATEST_COLUMNS = """m.checkpoint_key, m.name,
+    coalesce(m.experiment, (SELECT k.experiment FROM checkpoints k WHERE k.checkpoint_key = m.checkpoint_key)),
+    m.job_id, m.value, m.ts, m.id"""
+_IS_LATEST = """m.id = (SELECT n.id FROM metric_points n
+    WHERE n.checkpoint_key = m.checkpoint_key AND n.source = 'eval' AND n.name = m.name
+    ORDER BY n.ts DESC, n.id DESC LIMIT 1)"""
+
+
+def refresh_eval_latest(tx, pairs: Iterable[tuple[str, str]] | None = None) -> None:
+    """Rewrite the latest evaluation value of each (checkpoint_key, metric name) in `pairs`
+    (every pair when None) from its metric points."""
+    insert = "INSERT INTO eval_latest (checkpoint_key, name, experiment, job_id, value, ts, point_id) "
+    if pairs is None:
+        tx.execute("DELETE FROM eval_latest")
+        tx.execute(insert + f"""SELECT {_LATEST_COLUMNS} FROM metric_points m
+            WHERE m.source = 'eval' AND m.checkpoint_key IS NOT NULL AND {_IS_LATEST}""")
+        return
+    for key, name in sorted(set(pairs)):
+        tx.execute("DELETE FROM eval_latest WHERE checkpoint_key = ? AND name = ?", [key, name])
+        tx.execute(insert + f"""SELECT {_LATEST_COLUMNS} FROM metric_points m
+            WHERE m.checkpoint_key = ? AND m.source = 'eval' AND m.name = ? AND {_IS_LATEST}""", [key, name])
+
+
+def after_insert(tx, table: str, rows: list[dict[str, Any]]) -> None:
+    """Keep the totals derived from `table` in step with the rows just written to it."""
+    if table == "costs":
+        refresh_costs(tx, [r.get("job_id") for r in rows])
+    elif table == "metric_points":
+        pairs = [(r["checkpoint_key"], r["name"]) for r in rows
+                 if r.get("source") == "eval" and r.get("checkpoint_key") and r.get("name")]
+        if pairs:
+            refresh_eval_latest(tx, pairs)
+
+
+def rebuild(tx) -> None:
+    """Fill every derived table from the facts (a migration, or a repair)."""
+    refresh_costs(tx)
+    refresh_eval_latest(tx)
