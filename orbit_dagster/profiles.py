@@ -13,7 +13,9 @@ One setting picks the profile, `ORBIT_PROFILE`:
 Both profiles get Dagster's queued run coordinator with one pool per provider (a run
 tag, `orbit/pool`, limited to the provider's quota), run monitoring and run retries for
 crashed run workers. Dagster's own "pools" (`@asset(pool=...)`) are fixed per asset,
-while the provider is chosen per job, so the pools here are tag concurrency limits.
+while the provider is chosen per job, so the pools here are tag concurrency limits. The
+coordinator is orbit's subclass (`run_coordinator.py`): it tags a renting run launched
+from the UI, which Dagster submits with its own tags only, from the job's placement.
 Inside each pool trainings may take all slots but `eval_reserve`: a training run holds
 its slot for the whole attempt, and evaluations must not wait for trainings to end.
 
@@ -206,9 +208,11 @@ def render_dagster_yaml(profile: Profile) -> str:
     else:
         lines += ["# Storage: SQLite files in this directory (Dagster's default)."]
     lines += [
+        "# Dagster's queued run coordinator, which also puts a run launched from the UI (a backfill,",
+        "# a partition materialised) that rents a GPU into its provider's pool (run_coordinator.py).",
         "run_coordinator:",
-        "  module: dagster.core.run_coordinator",
-        "  class: QueuedRunCoordinator",
+        "  module: orbit_dagster.run_coordinator",
+        "  class: OrbitRunCoordinator",
         "  config:",
         "    dequeue_interval_seconds: 1",
         "    # Launch queued runs in parallel: a run's process takes seconds to start.",

@@ -321,6 +321,9 @@ def test_a_backfill_of_a_subset_of_evaluations(ui):
 
     runs = ui.runs(**{"dagster/backfill": backfill.backfill_id})
     assert sorted(r.tags["dagster/partition"] for r in runs) == sorted([f"a1/8|{job}", f"a1/16|{job}"])
+    # Launched with Dagster's tags only, yet in the job's provider pool (the run coordinator's).
+    assert {r.tags.get("orbit/pool") for r in runs} == {led.scalar("SELECT placement FROM jobs WHERE job_id = ?",
+                                                                   [job])} == {"sim"}
     assert states() == {**before, "a1/8": "SUCCEEDED", "a1/16": "SUCCEEDED"}  # exactly the subset
     evaluated_by = {r["dagster_run_id"] for r in led.rows(
         "SELECT dagster_run_id FROM evaluations WHERE job_id = ? AND state = 'SUCCEEDED'", [job])}

@@ -182,7 +182,7 @@ def test_team_profile_puts_dagster_and_the_ledger_on_postgres_and_one_setting_sw
     assert cfg["run_retries"] == {"enabled": True, "max_retries": 1, "retry_on_asset_or_op_failure": False}
     with dagster_instance(settings) as instance:
         assert type(instance.run_storage).__name__ == "PostgresRunStorage"
-        assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
+        assert type(instance.run_coordinator).__name__ == "OrbitRunCoordinator"
         limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
         assert {"key": "orbit/pool", "value": "sim", "limit": 4} in limits
         assert {"key": "orbit/train-pool", "value": "sim", "limit": 3} in limits

@@ -67,6 +67,9 @@ def test_dagster_yaml_of_each_profile_loads_as_a_dagster_instance_config(monkeyp
         assert {"key": "orbit/pool", "value": "sim", "limit": 5} in limits
         assert {"key": "orbit/train-pool", "value": "sim", "limit": 4} in limits
         assert config["concurrency"]["runs"]["max_concurrent_runs"] == 5 + 2 + 4 + 2
+        # orbit's coordinator, which puts runs launched from the UI into their pools.
+        assert {k: config["run_coordinator"][k] for k in ("module", "class")} == \
+            {"module": "orbit_dagster.run_coordinator", "class": "OrbitRunCoordinator"}
         assert ("run_retries" in config) == (profile == "team")
         assert ("storage" in config) == (profile == "team")
         assert "password" not in yaml.safe_load(text).get("storage", {}).get("postgres", {}).get("postgres_db", {})
