@@ -52,7 +52,7 @@ def primary_metric_for(ledger: Ledger, experiment: str):
     return resolve_primary_metric(chosen, of_project, names, template=of_template)
 
 
-# The lineage scope as SQL over checkpoints `c` joined to their job `j`: parameters
+# The lineage scope as SQL over a row `c` with a lineage and its job `j`: parameters
 # (scope, scope, scope). `current`: each job's current lineage; `all`; or one lineage id.
 _SCOPE = "(? = 'all' OR (? = 'current' AND c.lineage = j.lineage) OR c.lineage = ?)"
 # Finite: NULL, NaN (PostgreSQL orders it above every number) and infinities never compete.
@@ -75,20 +75,21 @@ def candidates(ledger: Ledger, experiment: str, metric: str, *, lineage: str = "
 
 def rank_best(ledger: Ledger, experiment: str, metric: str, mode: str, *, lineage: str = "current") -> BestChoice | None:
     """`pick_best` over `candidates`, answered by the database: the best value through
-    eval_latest's index in metric order (stopping at the first live checkpoint of the
-    lineage), then the checkpoints tied at it by step and key, and a count; training values
-    only when no checkpoint has an evaluation. The same choice and count as `pick_best`
-    (tests/unit/ledger/test_rollups.py)."""
+    eval_latest's index in metric order (stopping at the first candidate of the lineage),
+    then the checkpoints tied at it by step and key, and a count from the same index;
+    training values only when no checkpoint has an evaluation. The same choice and count
+    as `pick_best` (tests/unit/ledger/test_rollups.py)."""
     order = "ASC" if mode == "min" else "DESC"
     scope = [lineage, lineage, lineage]
-    live = f"c.deleted_at IS NULL AND {_SCOPE}"
     sources = (
-        ("eval", "l.value", f"""FROM eval_latest l JOIN checkpoints c ON c.checkpoint_key = l.checkpoint_key
-                                JOIN jobs j ON j.job_id = c.job_id
-                                WHERE l.experiment = ? AND l.name = ? AND {live}""",
+        # eval_latest carries each checkpoint's lineage and deletion: no checkpoint row is read
+        # but the tied ones' (their step).
+        ("eval", "c.value", f"""FROM eval_latest c JOIN jobs j ON j.job_id = c.job_id
+                                WHERE c.experiment = ? AND c.name = ? AND c.deleted = 0 AND {_SCOPE}""",
          [experiment, metric, *scope]),
         ("train", "c.train_loss", f"""FROM checkpoints c JOIN jobs j ON j.job_id = c.job_id
-                                      WHERE c.experiment = ? AND {live}""", [experiment, *scope]),
+                                      WHERE c.experiment = ? AND c.deleted_at IS NULL AND {_SCOPE}""",
+         [experiment, *scope]),
     )
     with ledger.read() as tx:  # the choice and its count from one snapshot
         for source, value, rows, params in sources:
@@ -96,11 +97,12 @@ def rank_best(ledger: Ledger, experiment: str, metric: str, mode: str, *, lineag
                 return None
             finite = f"{rows} AND {value} {_FINITE}"
             # Two steps, each an index walk that stops early: one ORDER BY over value, step and
-            # key makes SQLite read and sort every candidate.
+            # key makes the database read and sort every candidate.
             best_value = tx.scalar(f"SELECT {value} {finite} ORDER BY {value} {order} LIMIT 1", params)
             if best_value is None:
                 continue
-            best = tx.one(f"SELECT c.checkpoint_key {rows} AND {value} = ? ORDER BY c.step, c.checkpoint_key LIMIT 1",
+            tied = rows.replace("WHERE", "JOIN checkpoints k ON k.checkpoint_key = c.checkpoint_key WHERE", 1)
+            best = tx.one(f"SELECT c.checkpoint_key {tied} AND {value} = ? ORDER BY k.step, k.checkpoint_key LIMIT 1",
                           [*params, best_value])
             return BestChoice(best["checkpoint_key"], float(best_value), source,  # type: ignore[index]
                               int(tx.scalar(f"SELECT count(*) {finite}", params)))

@@ -12,6 +12,7 @@ import json
 from ..core.bundle import JobBundle
 from ..ledger import utcnow
 from ..ledger import records as R
+from ..ledger import rollups
 from ..storage import store_of
 from .best import primary_metric_for
 from .settings import Settings
@@ -68,6 +69,7 @@ def apply_retention(settings: Settings, job_id: str) -> list[str]:
             tx.execute("UPDATE checkpoints SET deleted_at = ?, deleted_reason = ? WHERE checkpoint_key = ? "
                        "AND deleted_at IS NULL",
                        [utcnow(), "retention" + ("" if existed else " (files already gone)"), key])
+            rollups.checkpoint_deleted(tx, key)
         gone.append(key)
     ledger.commit({"events": [R.event("retention", job_id=job_id, deleted=gone, kept=sorted(keep),
                                       policy=json.loads(policy.model_dump_json()))]})

@@ -15,7 +15,7 @@ from typing import Callable
 import sqlalchemy as sa
 
 from . import rollups
-from .schema import CANDIDATE_INDEX, TABLES, VIEWS, metadata, view_sql
+from .schema import TABLES, VIEWS, metadata, view_sql
 from .store import Ledger, LedgerError, Tx
 
 ADVISORY_LOCK_ID = 720_177_001  # any constant: one migration at a time per PostgreSQL database
@@ -36,7 +36,6 @@ def _v1_initial(tx: Tx) -> None:
 def _v2_rollups(tx: Tx) -> None:
     derived = ("cost_lines", "cost_jobs", "eval_latest")
     metadata.create_all(tx.conn, tables=[TABLES[name].table for name in derived], checkfirst=True)
-    CANDIDATE_INDEX.create(tx.conn, checkfirst=True)
     _create_views(tx)  # the cost views now read the totals
     rollups.rebuild(tx)
 

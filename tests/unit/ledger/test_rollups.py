@@ -152,3 +152,27 @@ def test_migration_2_fills_the_totals_from_an_existing_ledgers_facts(tmp_path):
     assert ledger.scalar("SELECT usd FROM cost_by_job") == 0.03
     assert ledger.scalar("SELECT count(*) FROM cost_by_checkpoint") == 2
     assert rank_best(ledger, "e", "eval/loss", "min").checkpoint_key == "ja/1"
+
+
+def test_cost_lines_written_before_their_job_get_its_experiment_when_it_arrives(tmp_path):
+    ledger = fresh(tmp_path)
+    ledger.commit({"costs": [cost(1, "ja", "train", 0.02, key="ja/1")]})
+    assert ledger.one("SELECT experiment, usd FROM cost_by_job") == {"experiment": None, "usd": 0.02}
+    ledger.commit({"jobs": [{"job_id": "ja", "experiment": "e", "project": "p"}]})
+    assert ledger.rows("SELECT experiment, usd FROM cost_by_experiment") == [{"experiment": "e", "usd": 0.02}]
+    assert ledger.scalar("SELECT experiment FROM cost_by_checkpoint") == "e"
+
+
+def test_a_checkpoint_deleted_by_retention_no_longer_competes(tmp_path):
+    from orbit_dagster.ledger import rollups
+
+    ledger = fresh(tmp_path)
+    write(ledger, [{"job": "ja", "step": s, "old_lineage": False, "deleted": False, "train_loss": None,
+                    "evals": [(1, v)]} for s, v in ((1, 0.2), (2, 0.5))])
+    best = rank_best(ledger, "e", "eval/loss", "min")
+    assert (best.candidates, best.value) == (2, 0.2)
+    with ledger.write() as tx:  # what control.retention does for each checkpoint it deletes
+        tx.execute("UPDATE checkpoints SET deleted_at = 1.0 WHERE checkpoint_key = ?", [best.checkpoint_key])
+        rollups.checkpoint_deleted(tx, best.checkpoint_key)
+    after = rank_best(ledger, "e", "eval/loss", "min")
+    assert (after.candidates, after.value) == (1, 0.5)
