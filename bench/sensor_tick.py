@@ -110,10 +110,12 @@ def tick(sensor, instance, home: Path, cursor: str | None):
     from dagster._core.definitions.partitions.context import partition_loading_context
 
     from orbit_dagster.definitions import defs
-    from orbit_dagster.resources import OrbitResource
+    from orbit_dagster.resources import OrbitResource, from_environment
 
+    # The resources the code location wires (the rental providers too), the home this bench made.
+    resources = {**from_environment(), "orbit": OrbitResource(home=str(home))}
     with dg.build_sensor_context(instance=instance, cursor=cursor, sensor_name=sensor.name, definitions=defs,
-                                 resources={"orbit": OrbitResource(home=str(home))}) as ctx:
+                                 resources=resources) as ctx:
         # As the daemon does: partition keys of run requests are checked against the instance.
         with partition_loading_context(dynamic_partitions_store=instance):
             t = time.perf_counter()
@@ -139,68 +141,6 @@ def profile(fn, top: int = 8) -> tuple[float, list[str]]:
     own = sorted(stats.items(), key=lambda kv: -kv[1][2])
     rows += [f"{v[2]:7.3f} s own        {v[1]:>6} calls  {label(*k)}" for k, v in own[:top - 2]]
     return total, rows
-
-
-def proposed_reconcile(settings, instance):
-    """A prototype of the changes proposed for the interruption sensor (not product code):
-    `followed` answered from one query of the in-progress runs per tick (a set of their
-    partitions) instead of one run-storage query per attempt; each attempt's bundle and
-    provider read once per tick without re-hashing the bundle (it is content-addressed and
-    was verified at dispatch); providers asked for notices concurrently (16 threads: the
-    calls wait on I/O). `reconcile` itself is the product's; only these helpers are
-    replaced, for the duration of the call."""
-    from unittest import mock
-
-    import dagster as dg
-
-    from orbit_dagster.control import reconcile as rec
-    from orbit_dagster.control.context import bundle_of
-    from orbit_dagster.control.providers import provider_for
-    from orbit_dagster.sensors.interruptions import IN_PROGRESS
-
-    live = {r.dagster_run.tags.get("dagster/partition") for r in instance.get_run_records(
-        dg.RunsFilter(statuses=IN_PROGRESS))}
-    bundles, providers = {}, {}
-
-    def bundle_and_provider(settings, ledger, job_id, attempt):
-        if (job_id, attempt) not in bundles:
-            bundles[(job_id, attempt)] = bundle_of(ledger, job_id, attempt, verify=False)
-        bundle = bundles[(job_id, attempt)]
-        key = bundle.spec.execution_request.backend_key
-        if key not in providers:
-            providers[key] = provider_for(settings, key)
-        return bundle, providers[key]
-
-    def record_notices(settings, ledger, attempts, report):
-        """As `reconcile.record_notices`, with the providers asked concurrently (I/O bound)."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from orbit_dagster.ledger import records as R
-        from orbit_dagster.providers.base import RunHandle
-
-        noticed = {r["instance_id"] for r in ledger.rows(
-            """SELECT DISTINCT e.instance_id FROM runs r JOIN events e ON e.instance_id = r.instance_id
-               WHERE r.state = 'RUNNING' AND e.kind = 'notice'""")}
-        todo = [(row, RunHandle.model_validate_json(row["handle"])) for row in attempts
-                if row["instance_id"] not in noticed]
-
-        def ask(item):
-            row, handle = item
-            _, provider = bundle_and_provider(settings, ledger, row["job_id"], int(row["attempt"]))
-            return row, handle, provider.notices(handle.instance)
-
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            found = list(pool.map(ask, todo))
-        rows = [R.event("notice", job_id=row["job_id"], run_id=row["run_id"], instance_id=handle.instance.instance_id,
-                        action=n.action, deadline=n.deadline, source=n.source)
-                for row, handle, notices in found for n in notices]
-        if rows:
-            ledger.commit({"events": rows})
-        report.notices += [{"job_id": e["job_id"], "instance_id": e["instance_id"], "deadline": None} for e in rows]
-
-    with mock.patch.object(rec, "bundle_and_provider", bundle_and_provider), \
-            mock.patch.object(rec, "record_notices", record_notices):
-        return rec.reconcile(settings, followed=lambda job_id, attempt: job_id in live)
 
 
 def run(args) -> str:
@@ -252,16 +192,6 @@ def run(args) -> str:
                     print(scenario, sensor.name, [round(x, 3) for x in times], len(data.run_requests or []), flush=True)
                 followed = _followed(instance)
                 profiles[f"reconcile ({scenario})"] = profile(lambda: reconcile(settings, followed=followed))
-                proposed = []
-                for _ in range(args.ticks):
-                    t = time.perf_counter()
-                    report_ = proposed_reconcile(settings, instance)
-                    proposed.append(time.perf_counter() - t)
-                results[scenario]["interruptions: proposed helpers (bench prototype, reconcile only)"] = proposed
-                requests[scenario]["interruptions: proposed helpers (bench prototype, reconcile only)"] = len(
-                    report_.reattach)
-                profiles[f"reconcile with the proposed helpers ({scenario})"] = profile(
-                    lambda: proposed_reconcile(settings, instance))
                 since = datetime.fromtimestamp(time.time() - 10, timezone.utc)
                 profiles[f"price feed ({scenario})"] = profile(
                     lambda: (ingest_prices(settings, since), consider_migrations(settings)))

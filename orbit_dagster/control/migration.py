@@ -26,7 +26,7 @@ from ..policy.migration import risk_rising, should_migrate
 from ..policy.reclaim_rate import ReclaimRateEstimator
 from ..providers.base import RunHandle
 from .billing import instance_row, release
-from .context import bundle_and_provider
+from .context import Attempts, bundle_and_provider
 from .observations import measured_step_seconds
 from .offers import DEFAULT_RESTORE_S, measured_save_seconds, rank_for
 from .reconcile import active_attempts
@@ -63,20 +63,28 @@ def plan_migrations(settings: Settings, *, now: datetime | None = None, window_s
     now = now or datetime.now(timezone.utc)
     window_s = window_s or settings.migration_window_s
     moves = []
+    # Once per tick, not once per attempt: bundles and providers, moves already started, and
+    # each offer's risk history (many attempts share an offer).
+    contexts = Attempts(settings, ledger)
+    moving = {r["run_id"] for r in ledger.rows(
+        """SELECT DISTINCT e.run_id FROM runs r JOIN events e ON e.run_id = r.run_id
+           WHERE r.state = 'RUNNING' AND e.kind = 'migration_started'""")}
+    histories: dict[tuple[str, float], list[float]] = {}
     for row in active_attempts(ledger):
         job_id, attempt = row["job_id"], int(row["attempt"])
         handle = RunHandle.model_validate_json(row["handle"])
         current = handle.instance.offer
-        if not current.spot or ledger.scalar(
-                "SELECT count(*) FROM events WHERE run_id = ? AND kind = 'migration_started'", [row["run_id"]]):
+        if not current.spot or row["run_id"] in moving:
             continue
-        deadline_move = to_on_demand(settings, ledger, row, current, now=now.timestamp())
+        deadline_move = to_on_demand(settings, ledger, row, current, now=now.timestamp(), contexts=contexts)
         if deadline_move is not None:
             moves.append(deadline_move)
             continue
-        bundle, provider = bundle_and_provider(settings, ledger, job_id, attempt)
+        bundle, provider = contexts(job_id, attempt)
         scale = time_scale(provider)
-        history = risk_history(ledger, current, now, window_s, scale=scale)
+        if (current.offer_id, scale) not in histories:
+            histories[(current.offer_id, scale)] = risk_history(ledger, current, now, window_s, scale=scale)
+        history = histories[(current.offer_id, scale)]
         if not risk_rising(history):
             continue
         template = bundle.spec.template
@@ -108,11 +116,11 @@ def plan_migrations(settings: Settings, *, now: datetime | None = None, window_s
 
 
 def to_on_demand(settings: Settings, ledger: Ledger, row: dict, current: Offer, *,
-                 now: float | None = None) -> dict | None:
+                 now: float | None = None, contexts: Attempts | None = None) -> dict | None:
     """A deadline job on spot whose policy now says on-demand: the move to the same shape on demand."""
     from .deadline import choose
 
-    bundle, provider = bundle_and_provider(settings, ledger, row["job_id"], int(row["attempt"]))
+    bundle, provider = (contexts or Attempts(settings, ledger))(row["job_id"], int(row["attempt"]))
     template = bundle.spec.template
     if template.deadline_hours is None:
         return None

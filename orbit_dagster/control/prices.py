@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ..core.bundle import JobBundle
 from ..ledger import records as R
+from .context import bundle_at
 from .providers import provider_for
 from .settings import Settings
 
@@ -18,13 +18,15 @@ class PriceReport:
 
 def running_train_instances(ledger) -> list[dict]:
     """Metered training instances with their attempt's bundle (one row per instance)."""
-    rows = ledger.rows(
-        """SELECT i.instance_id, i.provider, i.offer_id, i.job_id, i.gpu_count, r.attempt, r.run_id
+    # Each instance's bundle: the newest of its job up to its attempt (as R.bundle_for), in
+    # the same query rather than one query per instance.
+    return ledger.rows(
+        """SELECT i.instance_id, i.provider, i.offer_id, i.job_id, i.gpu_count, r.attempt, r.run_id,
+                  b.path AS bundle, b.bundle_hash
            FROM instances i JOIN runs r ON r.instance_id = i.instance_id
+           JOIN bundles b ON b.job_id = r.job_id AND b.attempt = (
+               SELECT max(x.attempt) FROM bundles x WHERE x.job_id = r.job_id AND x.attempt <= r.attempt)
            WHERE i.stopped_at IS NULL AND i.purpose = 'train'""")
-    for row in rows:
-        row["bundle"] = R.bundle_for(ledger, row["job_id"], int(row["attempt"]))["path"]
-    return rows
 
 
 def ingest_prices(settings: Settings, since: datetime | None) -> PriceReport:
@@ -32,7 +34,7 @@ def ingest_prices(settings: Settings, since: datetime | None) -> PriceReport:
     ledger = settings.ledger()
     running = running_train_instances(ledger)
     report = PriceReport()
-    specs = {row["bundle"]: JobBundle.load(row["bundle"], verify=False).spec for row in running}
+    specs = {row["bundle"]: bundle_at(row["bundle"], row["bundle_hash"]).spec for row in running}
     by_backend: dict[str, set[str]] = {}
     for row in running:
         by_backend.setdefault(specs[row["bundle"]].execution_request.backend_key, set()).add(row["offer_id"])

@@ -27,7 +27,7 @@ from ..ledger import Ledger
 from ..ledger import records as R
 from ..providers.base import InstanceHandle, RunHandle
 from .billing import attempt_checkpoints, close_lost_attempt, release, stop_cancelled
-from .context import bundle_and_provider
+from .context import Attempts, bundle_and_provider, concurrently
 from .recovery import recover_lost
 from .settings import Settings
 
@@ -99,16 +99,22 @@ def cancelled_but_running(ledger: Ledger) -> list[dict]:
            WHERE r.state = 'RUNNING' AND j.state = 'CANCELLED'""")
 
 
-def record_notices(settings: Settings, ledger: Ledger, attempts: list[dict], report: ReconcileReport) -> None:
+def record_notices(settings: Settings, ledger: Ledger, attempts: list[dict], report: ReconcileReport,
+                   contexts: Attempts | None = None) -> None:
+    contexts = contexts or Attempts(settings, ledger)
     noticed = {r["instance_id"] for r in ledger.rows(
         """SELECT DISTINCT e.instance_id FROM runs r JOIN events e ON e.instance_id = r.instance_id
            WHERE r.state = 'RUNNING' AND e.kind = 'notice'""")}
-    for row in attempts:
-        if row["instance_id"] in noticed:
-            continue
-        handle = RunHandle.model_validate_json(row["handle"])
-        _, provider = bundle_and_provider(settings, ledger, row["job_id"], int(row["attempt"]))
-        for notice in provider.notices(handle.instance):
+    todo = [(row, RunHandle.model_validate_json(row["handle"])) for row in attempts
+            if row["instance_id"] not in noticed]
+
+    def ask(item: tuple[dict, RunHandle]):
+        row, handle = item
+        _, provider = contexts(row["job_id"], int(row["attempt"]))
+        return provider.notices(handle.instance)
+
+    for (row, handle), notices in zip(todo, concurrently(ask, todo)):
+        for notice in notices:
             lead = (notice.deadline - notice.received_at).total_seconds() if notice.deadline else None
             ledger.commit({"events": [R.event("notice", job_id=row["job_id"], run_id=row["run_id"],
                                               instance_id=handle.instance.instance_id, action=notice.action,
@@ -127,13 +133,16 @@ def decide(settings: Settings, followed: Followed = lambda job_id, attempt: True
     dispatches) that attempt."""
     ledger = settings.ledger()
     report = ReconcileReport()
+    contexts = Attempts(settings, ledger)
     attempts = active_attempts(ledger)
-    record_notices(settings, ledger, attempts, report)
-    for row in attempts:
-        if followed(row["job_id"], int(row["attempt"])):
-            continue
-        _, provider = bundle_and_provider(settings, ledger, row["job_id"], int(row["attempt"]))
-        status = provider.status(RunHandle.model_validate_json(row["handle"]))
+    record_notices(settings, ledger, attempts, report, contexts)
+    unfollowed = [row for row in attempts if not followed(row["job_id"], int(row["attempt"]))]
+
+    def status_of(row: dict):
+        _, provider = contexts(row["job_id"], int(row["attempt"]))
+        return provider.status(RunHandle.model_validate_json(row["handle"]))
+
+    for row, status in zip(unfollowed, concurrently(status_of, unfollowed)):
         if status.state == "lost":
             report.decisions.append(_decision("close_lost", row, status.reason or "host lost", "reclaim"))
         else:

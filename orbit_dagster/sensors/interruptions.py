@@ -22,6 +22,11 @@ from ..resources import AwsSpotResource, OrbitResource, SimMarketResource, SshRe
 
 # How long a crashed run's pending retry holds off a re-attach (the retry daemon polls in seconds).
 RETRY_GRACE_S = 300
+# Re-attach runs requested per tick. After a daemon restart every attempt may be unfollowed;
+# Dagster checks each request's partition with one storage query (~5 ms), so 1,000 at once
+# made a 10 s tick, while the pools start only a few of them at a time anyway. The rest are
+# requested on the next ticks (a requested run counts as following its attempt).
+REATTACH_PER_TICK = 50
 
 
 def _followed(instance: dg.DagsterInstance):
@@ -52,8 +57,14 @@ def spot_interruption_sensor(context: dg.SensorEvaluationContext, orbit: OrbitRe
         report = decide(orbit.settings(), followed=_followed(context.instance))
     for line in report.lines():
         context.log.info(line)
-    pools = job_pools(orbit.settings().ledger(), [d.job_id for d in report.decisions if d.action == "reattach"])
+    reattach = sorted(report.reattach, key=lambda d: (d.job_id, d.attempt))
+    later = set(reattach[REATTACH_PER_TICK:])
+    if later:
+        context.log.info(f"{len(later)} more attempts to re-attach on the next ticks")
+    pools = job_pools(orbit.settings().ledger(), [d.job_id for d in reattach[:REATTACH_PER_TICK]])
     for d in report.decisions:
+        if d in later:
+            continue
         if d.action == "reattach":
             # A fresh key per tick is safe: run_attempt re-attaches, it never launches twice.
             yield dg.RunRequest(run_key=f"{d.job_id}:attempt-{d.attempt}:reattach-{context.cursor or 0}",
