@@ -40,10 +40,22 @@ def _v2_rollups(tx: Tx) -> None:
     rollups.rebuild(tx)
 
 
+def _v3_eval_latest_lineage(tx: Tx) -> None:
+    # eval_latest gained each checkpoint's lineage and deletion after version 2 was first
+    # written; a ledger made in between is rebuilt (the table is derived: nothing is lost).
+    columns = {c["name"] for c in sa.inspect(tx.conn).get_columns("eval_latest")}
+    if {"lineage", "deleted"} <= columns:
+        return
+    tx.conn.exec_driver_sql("DROP TABLE eval_latest")
+    metadata.create_all(tx.conn, tables=[TABLES["eval_latest"].table])
+    rollups.refresh_eval_latest(tx)
+
+
 # (version, what it does, the change). Append only: a released migration never changes.
 MIGRATIONS: list[tuple[int, str, Callable[[Tx], None]]] = [
     (1, "transactional ledger: tables, indexes, views", _v1_initial),
     (2, "cost totals and latest evaluation values kept on write", _v2_rollups),
+    (3, "latest evaluation values with their checkpoint's lineage and deletion", _v3_eval_latest_lineage),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -46,10 +46,10 @@ def status(ledger: Ledger, job_id: str | None = None) -> pd.DataFrame:
 
 
 def checkpoints(ledger: Ledger, job_id: str) -> pd.DataFrame:
-    return ledger.frame(
+    frame = ledger.frame(
         """
         SELECT c.checkpoint_key, c.attempt, c.lineage, c.step, c.tier, c.parent_key, c.bytes,
-               round(c.train_loss, 4) AS train_loss,
+               c.train_loss,
                (SELECT max(m.value) FROM metric_points m WHERE m.checkpoint_key = c.checkpoint_key
                   AND m.source = 'eval' AND m.name = 'eval/loss') AS eval_loss,
                (SELECT max(m.value) FROM metric_points m WHERE m.checkpoint_key = c.checkpoint_key
@@ -58,6 +58,8 @@ def checkpoints(ledger: Ledger, job_id: str) -> pd.DataFrame:
         FROM checkpoints c WHERE c.job_id = ? ORDER BY c.attempt, c.step""",
         [job_id],
     )
+    frame["train_loss"] = frame["train_loss"].astype(float).round(4)  # not in SQL: see status()
+    return frame
 
 
 def cost_table(ledger: Ledger, by: str = "job", *, experiment: str | None = None,

@@ -17,6 +17,7 @@ Changing anything here needs a new migration in `migrations.py`.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -49,10 +50,22 @@ class TableSpec:
         return [c.name for c in self.table.columns]
 
 
+# PostgreSQL cuts identifiers at 63 bytes and refuses longer ones in DDL; SQLite takes any.
+MAX_IDENTIFIER = 63
+
+
+def index_name(table: str, cols: tuple[str, ...]) -> str:
+    """`ix_<table>_<columns>`, or its first 54 characters and a digest of the whole when longer
+    than PostgreSQL allows (the same name on both databases)."""
+    name = f"ix_{table}_{'_'.join(cols)}"
+    if len(name) <= MAX_IDENTIFIER:
+        return name
+    return f"{name[:MAX_IDENTIFIER - 9]}_{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+
+
 def _table(name: str, *columns: sa.Column, key: tuple[str, ...], on_conflict: str = "ignore",
            indexes: tuple[tuple[str, ...], ...] = ()) -> TableSpec:
-    table = sa.Table(name, metadata, *columns,
-                     *(sa.Index(f"ix_{name}_{'_'.join(cols)}", *cols) for cols in indexes))
+    table = sa.Table(name, metadata, *columns, *(sa.Index(index_name(name, cols), *cols) for cols in indexes))
     if on_conflict != "append":
         table.append_constraint(sa.UniqueConstraint(*key, name=f"uq_{name}_key"))
     return TableSpec(table, key, on_conflict)

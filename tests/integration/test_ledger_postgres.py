@@ -12,9 +12,11 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 
+from orbit_dagster.control.best import rank_best
 from orbit_dagster.control.settings import Settings
 from orbit_dagster.core.lifecycle import JobState
 from orbit_dagster.ledger import Ledger, LedgerError
+from orbit_dagster.ledger import queries as Q
 from orbit_dagster.ledger import records as R
 from orbit_dagster.ledger.face import SqlRefused
 from orbit_dagster.ledger.migrations import LATEST
@@ -132,6 +134,17 @@ def test_transitions_views_and_the_duckdb_face(postgres):
     assert ledger.commit({"metric_points": [point]}) == 1
     assert ledger.commit({"metric_points": [point, {**point, "step": 2}]}) == 1
     assert ledger.scalar("SELECT count(*) FROM metric_points") == 2
+    # The read paths of `orbit status JOB`, `orbit best` and `orbit cost --job` on PostgreSQL
+    # (round(double, int) and a 74-character index name once broke them there only).
+    ledger.commit({"checkpoints": [{"checkpoint_key": f"j/a1/{s}", "job_id": "j", "experiment": "e", "lineage": None,
+                                    "step": s, "train_loss": 1.0 / s} for s in (10, 20)],
+                   "metric_points": [{"job_id": "j", "experiment": "e", "run_id": f"eval:j/a1/{s}", "source": "eval",
+                                      "checkpoint_key": f"j/a1/{s}", "name": "eval/loss", "step": s,
+                                      "value": v, "ts": time.time()} for s, v in ((10, 0.5), (20, float("nan")))]})
+    assert Q.checkpoints(ledger, "j")["train_loss"].tolist() == [0.1, 0.05]
+    best = rank_best(ledger, "e", "eval/loss", "min", lineage="all")
+    assert (best.checkpoint_key, best.candidates) == ("j/a1/10", 1)  # NaN never competes, on PostgreSQL too
+    assert Q.cost_table(ledger, "checkpoint", job="j")["usd"].sum() == pytest.approx(5.75)
 
 
 def test_the_face_never_hands_duckdb_a_password():

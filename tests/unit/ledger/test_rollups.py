@@ -176,3 +176,27 @@ def test_a_checkpoint_deleted_by_retention_no_longer_competes(tmp_path):
         rollups.checkpoint_deleted(tx, best.checkpoint_key)
     after = rank_best(ledger, "e", "eval/loss", "min")
     assert (after.candidates, after.value) == (1, 0.5)
+
+
+def test_every_ledger_identifier_fits_postgresql():
+    """PostgreSQL refuses identifiers over 63 bytes (an index of eval_latest was 74 once)."""
+    from orbit_dagster.ledger.schema import MAX_IDENTIFIER, metadata
+
+    names = [t.name for t in metadata.tables.values()]
+    names += [ix.name for t in metadata.tables.values() for ix in t.indexes]
+    names += [c.name for t in metadata.tables.values() for c in t.constraints if c.name]
+    assert names and max(len(n) for n in names) <= MAX_IDENTIFIER, [n for n in names if len(n) > MAX_IDENTIFIER]
+
+
+def test_a_ledger_whose_eval_latest_predates_lineage_is_rebuilt_by_migration_3(tmp_path):
+    ledger = fresh(tmp_path)
+    write(ledger, [{"job": "ja", "step": 1, "old_lineage": False, "deleted": False, "train_loss": None,
+                    "evals": [(1, 0.3)]}])
+    with ledger.write() as tx:  # eval_latest as version 2 first made it
+        tx.execute("DROP TABLE eval_latest")
+        tx.execute("CREATE TABLE eval_latest (checkpoint_key TEXT, name TEXT, experiment TEXT, job_id TEXT, "
+                   "value FLOAT, ts FLOAT, point_id INTEGER, PRIMARY KEY (checkpoint_key, name))")
+        tx.execute("DELETE FROM schema_migrations WHERE version >= 3")
+    assert migrate(ledger) == 2
+    assert rank_best(ledger, "e", "eval/loss", "min").value == 0.3
+    assert ledger.scalar("SELECT lineage FROM eval_latest") == "L-ja"
