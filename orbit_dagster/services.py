@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable
 
@@ -89,6 +89,16 @@ def webserver_argv(workspace: Path, host: str, port: int) -> list[str]:
     return [_exe("dagster-webserver"), "-w", str(workspace), "-h", host, "-p", str(port), "--log-level", "info"]
 
 
+# Once asked to stop, dagster-daemon tears its workspace down while sensor ticks already
+# handed to its threads are still running; each then logs "tick caught an error" and a
+# traceback ending in DagsterCodeLocationNotFoundError, and the code server prints the
+# KeyboardInterrupt it stopped with (~100 lines per stop). Ticks cut off and processes
+# interrupted by the stop, not failures: after the stop begins, those lines (and any line
+# that is not a log record, i.e. a traceback's) are counted in one line instead.
+CUT_OFF_TICK = re.compile(r" - ERROR - (?:Sensor|Schedule) tick caught an error")
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+
+
 @dataclass
 class Child:
     name: str
@@ -96,6 +106,8 @@ class Child:
     out: IO[str]
     proc: subprocess.Popen | None = None
     thread: threading.Thread | None = None
+    stopping: threading.Event = field(default_factory=threading.Event)
+    cut_off: int = 0  # lines of ticks cut off and tracebacks printed by the stop, omitted
 
     def start(self, env: dict[str, str]) -> "Child":
         self.proc = subprocess.Popen(self.argv, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
@@ -109,11 +121,16 @@ class Child:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
             kept = clean_line(line)
-            if kept is not None:
-                self.out.write(kept)
-                self.out.flush()
+            if kept is None:
+                continue
+            if self.stopping.is_set() and (CUT_OFF_TICK.search(kept) or not LOG_LINE.match(kept)):
+                self.cut_off += 1
+                continue
+            self.out.write(kept)
+            self.out.flush()
 
     def terminate(self) -> None:
+        self.stopping.set()
         if self.proc is not None and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -160,6 +177,9 @@ def supervise(children: list[Child], env: dict[str, str], say: Callable[[str], N
                 child.kill()
                 child.proc.wait()
             child.thread.join(timeout=5)
+            if child.cut_off:
+                say(f"{child.name}: {child.cut_off} lines of ticks cut off and tracebacks printed by the stop "
+                    "omitted")
         if ended is not None and not stopping.is_set():
             say(f"{ended.name} exited with status {ended.proc.returncode}; stopped the others")
             return ended.proc.returncode or 1

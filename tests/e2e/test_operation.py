@@ -127,6 +127,7 @@ def test_orbit_daemon_says_what_it_waits_for_logs_cleanly_and_stops_on_sigterm(o
     assert "waiting for the Dagster daemon's first heartbeat" in status and "SIGTERM: stopping" in status
     log = out.read_text()
     assert_clean_log(log)
+    assert "Traceback" not in log, log[log.index("Traceback") - 300:][:1500]  # the stop included
     assert "Creating new run for job_queue_sensor" in log or "Launching run for job_queue_sensor" in log
     # (a bound, not a tick budget: on a loaded machine the code server reloads and logs its warnings more)
     assert lines_up < 20 and len(log.splitlines()) < 400, len(log.splitlines())

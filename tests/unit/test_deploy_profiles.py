@@ -87,3 +87,29 @@ def test_log_lines_lose_colour_codes_and_per_tick_noise():
     assert clean_line('INFO:     127.0.0.1:41120 - "POST /graphql HTTP/1.1" 500 Internal Server Error\n')
     assert clean_line("2026 - dagster - DEBUG - train_job - 1 - 2 - STEP_START - x\n") is None
     assert clean_line("2026 - dagster - INFO - eval_job - 1 - evaluation - evaluated k (heldout)\n")
+
+
+def test_ticks_cut_off_by_a_stop_are_one_count_while_running_errors_stay_whole():
+    import io
+    from types import SimpleNamespace
+
+    from orbit_dagster.services import Child
+
+    tick_error = ["2026-11-30 20:18:26 +0000 - dagster.daemon.SensorDaemon - ERROR - Sensor tick caught an error\n",
+                  "Traceback (most recent call last):\n", '  File "sensor.py", line 649\n',
+                  "dagster._core.errors.DagsterCodeLocationNotFoundError: Location x does not exist in workspace\n"]
+    after = "2026-11-30 20:18:27 +0000 - dagster.daemon - INFO - Daemon threads shut down.\n"
+
+    def pumped(stopping: bool) -> tuple[str, int]:
+        out = io.StringIO()
+        child = Child("dagster-daemon", [], out, proc=SimpleNamespace(stdout=io.StringIO("".join(tick_error * 2)
+                                                                                          + after)))
+        if stopping:
+            child.stopping.set()
+        child._pump()
+        return out.getvalue(), child.cut_off
+
+    text, cut = pumped(stopping=True)
+    assert (text, cut) == (after, 8)
+    text, cut = pumped(stopping=False)  # a sensor failing while the daemon runs: kept, traceback and all
+    assert text == "".join(tick_error * 2) + after and cut == 0
