@@ -1,7 +1,7 @@
 """Totals kept up to date in the transaction that writes their facts.
 
 `orbit cost` and `orbit best` must not get slower as history grows, so they do not
-aggregate history when asked. Two small tables are derived from the facts instead and
+aggregate history when asked. Tables derived from the facts are read instead, each
 rewritten, for the keys a write touched, inside that write's transaction (`Tx.insert`
 calls `after_insert`), so they can never disagree with the facts a reader sees:
 
@@ -15,7 +15,8 @@ calls `after_insert`), so they can never disagree with the facts a reader sees:
   calls `checkpoint_deleted` in its own transaction); `orbit best` ranks and counts an
   experiment's candidates through its index alone, in metric order.
 
-Migration 2 fills them once from the facts of an existing ledger (`rebuild`).
+Migration 2 fills them once from the facts of an existing ledger (`rebuild`); migration 3
+rebuilds an `eval_latest` made before it carried lineage and deletion.
 """
 from __future__ import annotations
 
