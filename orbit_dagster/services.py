@@ -94,8 +94,9 @@ def webserver_argv(workspace: Path, host: str, port: int) -> list[str]:
 # traceback ending in DagsterCodeLocationNotFoundError, and the code server prints the
 # KeyboardInterrupt it stopped with (~100 lines per stop). Ticks cut off and processes
 # interrupted by the stop, not failures: after the stop begins, those lines (and any line
-# that is not a log record, i.e. a traceback's) are counted in one line instead.
-CUT_OFF_TICK = re.compile(r" - ERROR - (?:Sensor|Schedule) tick caught an error")
+# that is not a log record, i.e. a traceback's) are counted in one line instead. A run the
+# stop caught being launched fails, and its "error dequeuing run" line stays.
+CUT_OFF_TICK = re.compile(r" - ERROR - (?:(?:Sensor|Schedule) tick caught an error|Sensor daemon caught an error for)")
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 
 

@@ -98,6 +98,8 @@ def test_ticks_cut_off_by_a_stop_are_one_count_while_running_errors_stay_whole()
     tick_error = ["2026-11-30 20:18:26 +0000 - dagster.daemon.SensorDaemon - ERROR - Sensor tick caught an error\n",
                   "Traceback (most recent call last):\n", '  File "sensor.py", line 649\n',
                   "dagster._core.errors.DagsterCodeLocationNotFoundError: Location x does not exist in workspace\n"]
+    tick_error += ["2026-11-30 20:18:26 +0000 - dagster.daemon.SensorDaemon - ERROR - Sensor daemon caught an error "
+                   "for sensor job_queue_sensor\n"]
     after = "2026-11-30 20:18:27 +0000 - dagster.daemon - INFO - Daemon threads shut down.\n"
 
     def pumped(stopping: bool) -> tuple[str, int]:
@@ -110,6 +112,6 @@ def test_ticks_cut_off_by_a_stop_are_one_count_while_running_errors_stay_whole()
         return out.getvalue(), child.cut_off
 
     text, cut = pumped(stopping=True)
-    assert (text, cut) == (after, 8)
+    assert (text, cut) == (after, 10)
     text, cut = pumped(stopping=False)  # a sensor failing while the daemon runs: kept, traceback and all
     assert text == "".join(tick_error * 2) + after and cut == 0
