@@ -105,11 +105,12 @@ def fill(disk: Path) -> Path:
     """Write until the file system refuses (ENOSPC): a disk that is really full."""
     filler = disk / "filler"
     chunk = b"\0" * (1 << 16)
-    with open(filler, "wb") as fh:
+    # Unbuffered: a buffered file keeps the part of the last chunk the disk refused and
+    # raises ENOSPC again when closed, depending on how full the disk was to begin with.
+    with open(filler, "wb", buffering=0) as fh:
         try:
             while True:
                 fh.write(chunk)
-                fh.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC
     return filler
