@@ -34,6 +34,7 @@ import os
 import platform
 import pstats
 import statistics
+import sysconfig
 import sys
 import tempfile
 import time
@@ -133,8 +134,12 @@ def profile(fn, top: int = 8) -> tuple[float, list[str]]:
     total = time.perf_counter() - t
     stats = pstats.Stats(prof, stream=io.StringIO()).stats
 
+    stdlib = sysconfig.get_paths()["stdlib"] + "/"
+
     def label(file: str, line: int, name: str) -> str:
-        return f"{file.replace(str(REPO) + '/', '').split('site-packages/')[-1]}:{line}({name})"
+        # Paths relative to the checkout, site-packages or the standard library: no machine's layout.
+        short = file.replace(str(REPO) + "/", "").split("site-packages/")[-1].replace(stdlib, "")
+        return f"{short}:{line}({name})"
 
     ours = sorted(((k, v) for k, v in stats.items() if "orbit_dagster/" in k[0]), key=lambda kv: -kv[1][3])
     rows = [f"{v[3]:7.3f} s cumulative {v[1]:>6} calls  {label(*k)}" for k, v in ours[:top]]
