@@ -81,28 +81,27 @@ def rank_best(ledger: Ledger, experiment: str, metric: str, mode: str, *, lineag
     as `pick_best` (tests/unit/ledger/test_rollups.py)."""
     order = "ASC" if mode == "min" else "DESC"
     scope = [lineage, lineage, lineage]
+    # (source, its value, FROM, WHERE, parameters)
     sources = (
         # eval_latest carries each checkpoint's lineage and deletion: no checkpoint row is read
         # but the tied ones' (their step).
-        ("eval", "c.value", f"""FROM eval_latest c JOIN jobs j ON j.job_id = c.job_id
-                                WHERE c.experiment = ? AND c.name = ? AND c.deleted = 0 AND {_SCOPE}""",
-         [experiment, metric, *scope]),
-        ("train", "c.train_loss", f"""FROM checkpoints c JOIN jobs j ON j.job_id = c.job_id
-                                      WHERE c.experiment = ? AND c.deleted_at IS NULL AND {_SCOPE}""",
-         [experiment, *scope]),
+        ("eval", "c.value", "eval_latest c JOIN jobs j ON j.job_id = c.job_id",
+         f"c.experiment = ? AND c.name = ? AND c.deleted = 0 AND {_SCOPE}", [experiment, metric, *scope]),
+        ("train", "c.train_loss", "checkpoints c JOIN jobs j ON j.job_id = c.job_id",
+         f"c.experiment = ? AND c.deleted_at IS NULL AND {_SCOPE}", [experiment, *scope]),
     )
     with ledger.read() as tx:  # the choice and its count from one snapshot
-        for source, value, rows, params in sources:
+        for source, value, tables, where, params in sources:
             if source == "train" and training_counterpart(metric) != "train/loss":
                 return None
-            finite = f"{rows} AND {value} {_FINITE}"
+            finite = f"FROM {tables} WHERE {where} AND {value} {_FINITE}"
             # Two steps, each an index walk that stops early: one ORDER BY over value, step and
             # key makes the database read and sort every candidate.
             best_value = tx.scalar(f"SELECT {value} {finite} ORDER BY {value} {order} LIMIT 1", params)
             if best_value is None:
                 continue
-            tied = rows.replace("WHERE", "JOIN checkpoints k ON k.checkpoint_key = c.checkpoint_key WHERE", 1)
-            best = tx.one(f"SELECT c.checkpoint_key {tied} AND {value} = ? ORDER BY k.step, k.checkpoint_key LIMIT 1",
+            best = tx.one(f"""SELECT c.checkpoint_key FROM {tables} JOIN checkpoints k ON k.checkpoint_key = c.checkpoint_key
+                              WHERE {where} AND {value} = ? ORDER BY k.step, k.checkpoint_key LIMIT 1""",
                           [*params, best_value])
             return BestChoice(best["checkpoint_key"], float(best_value), source,  # type: ignore[index]
                               int(tx.scalar(f"SELECT count(*) {finite}", params)))

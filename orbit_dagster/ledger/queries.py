@@ -84,24 +84,29 @@ def _cost_filter(experiment: str | None, job: str | None) -> tuple[str, list]:
     return ("WHERE " + " AND ".join(f"{c} = ?" for c, _ in terms) if terms else "", [v for _, v in terms])
 
 
-def _instances_filter(experiment: str | None, job: str | None) -> tuple[str, list]:
-    """An experiment's or job's instances (its evaluations' included): WHERE terms over instances."""
-    where, params = _cost_filter(experiment, job)
-    return where.replace("experiment = ?", "job_id IN (SELECT job_id FROM jobs WHERE experiment = ?)"), params
+def _instances_where(experiment: str | None, job: str | None, stopped: bool) -> tuple[str, list]:
+    """Stopped (billed) or running instances, of one experiment's or job's when given (its
+    evaluations' instances included: they carry the evaluated checkpoint's job)."""
+    terms, params = [f"stopped_at IS {'NOT ' if stopped else ''}NULL"], []
+    if experiment is not None:
+        terms.append("job_id IN (SELECT job_id FROM jobs WHERE experiment = ?)")
+        params.append(experiment)
+    if job is not None:
+        terms.append("job_id = ?")
+        params.append(job)
+    return "WHERE " + " AND ".join(terms), params
 
 
 def billed_usd(ledger: Ledger, *, experiment: str | None = None, job: str | None = None) -> float:
     """What the providers billed: every stopped instance, start to stop, at its price (of one
     experiment's or job's instances when given)."""
-    where, params = _instances_filter(experiment, job)
-    where = f"{where} AND stopped_at IS NOT NULL" if where else "WHERE stopped_at IS NOT NULL"
+    where, params = _instances_where(experiment, job, stopped=True)
     return float(ledger.scalar(f"SELECT coalesce(sum(billed_usd), 0) FROM instances {where}", params) or 0.0)
 
 
 def running_instances(ledger: Ledger, *, experiment: str | None = None, job: str | None = None) -> int:
     """Instances not yet stopped, so not yet billed (of one experiment or job when given)."""
-    where, params = _instances_filter(experiment, job)
-    where = f"{where} AND stopped_at IS NULL" if where else "WHERE stopped_at IS NULL"
+    where, params = _instances_where(experiment, job, stopped=False)
     return int(ledger.scalar(f"SELECT count(*) FROM instances {where}", params) or 0)
 
 

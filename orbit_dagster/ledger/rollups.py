@@ -40,9 +40,10 @@ def refresh_costs(tx, job_ids: Iterable[str] | None = None) -> None:
     jobs = None if job_ids is None else sorted({j for j in job_ids if j is not None})
     if jobs == []:
         return
-    where, params = ("", []) if jobs is None else (f"WHERE {_in('c.job_id', jobs)}", jobs)
+    params = jobs or []
+    where = "" if jobs is None else f"WHERE {_in('c.job_id', jobs)}"
     for table in ("cost_lines", "cost_jobs"):
-        tx.execute(f"DELETE FROM {table} " + where.replace("c.job_id", "job_id"), params)
+        tx.execute(f"DELETE FROM {table}" + ("" if jobs is None else f" WHERE {_in('job_id', jobs)}"), params)
     tx.execute(f"""
         INSERT INTO cost_lines (job_id, line, checkpoint_key, experiment, train_usd, eval_usd, wasted_usd,
                                 overhead_usd, usd, seconds)
