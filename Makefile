@@ -28,12 +28,13 @@ system-deps:
 demo: install
 	$(BIN)/orbit demo
 
-# Three pytest processes side by side (scripts/test.sh): end-to-end, integration, the rest.
+# Four pytest processes side by side (scripts/test.sh): end-to-end, the PostgreSQL scale test,
+# integration, the rest.
 test: install system-deps
 	PYTHON=$(BIN)/python scripts/test.sh
 
-# Everything, the opt-in tests too (`slow`: the 20-job PostgreSQL scale test, a run worker
-# killed under the team profile, a few long duplicates of covered paths): tens of minutes.
+# Everything, the opt-in tests too (`slow`: a run worker killed under the team profile, a few
+# long duplicates of covered paths): tens of minutes.
 test-all: install system-deps
 	PYTHON=$(BIN)/python scripts/test.sh -m ''
 

@@ -4,9 +4,10 @@
    for `job_queue_sensor`, N pending evaluations for `checkpoint_evaluation_sensor`, each
    evaluated in-process against the profile's real Dagster instance and ledger (median of
    3). This is orbit's part of a tick; the daemon then creates one run per request.
-2. Memory per followed job: a real daemon (team profile) follows K training attempts on
-   the sim market; the PSS and RSS of each run worker (one per followed attempt) and of
-   the daemon, its code server and their supervisor, sampled while all K train.
+2. Memory per followed job: a real daemon (team profile) with K training attempts on the
+   sim market, once with ORBIT_FOLLOW=run (a run worker follows each attempt) and once
+   with ORBIT_FOLLOW=daemon (hand-off); the PSS and RSS of each run worker and of the
+   daemon, its code server and their supervisor, sampled while all K train.
 
     python bench/sizing.py [--jobs 20,200,1000] [--follow 3] [--record docs/benchmarks.md]
 
@@ -117,8 +118,9 @@ def processes() -> dict[int, tuple[int, str]]:
     return out
 
 
-def follow_memory(k: int) -> dict[str, float]:
-    """Memory of a daemon following K training attempts (team profile)."""
+def follow_memory(k: int, mode: str) -> dict[str, float]:
+    """Memory of a daemon with K training attempts (team profile), followed as `mode` says."""
+    os.environ["ORBIT_FOLLOW"] = mode
     from orbit_dagster.control.settings import Settings
     from orbit_dagster.control.submit import cancel, submit
     from orbit_dagster.instance import Daemon, wait_for_daemon
@@ -136,6 +138,7 @@ def follow_memory(k: int) -> dict[str, float]:
             if time.time() > deadline:
                 raise SystemExit(f"{k} attempts did not reach RUNNING within 300 s")
             time.sleep(1)
+        time.sleep(5)  # the launching runs hand off and end (daemon mode)
         samples: dict[str, list[float]] = {"run worker PSS": [], "run worker RSS": [], "daemon+code server PSS": [],
                                            "orbit supervisor PSS": []}
         for _ in range(5):
@@ -157,7 +160,8 @@ def follow_memory(k: int) -> dict[str, float]:
         time.sleep(10)
     finally:
         daemon.stop()
-    return {name: statistics.median(values) for name, values in samples.items()}
+        os.environ.pop("ORBIT_FOLLOW", None)
+    return {name: statistics.median(values) if values else 0.0 for name, values in samples.items()}
 
 
 def main() -> None:
@@ -183,9 +187,13 @@ def main() -> None:
             rows.append(row)
             print(f"N={n}: " + ", ".join(f"{p} {s}: {row[p][s]:.3f} s" for p in ("embedded", "team")
                                           for s in ("job_queue_sensor", "checkpoint_evaluation_sensor")), flush=True)
-        with profile_env("team", Path(tempfile.mkdtemp(prefix="orbit-sizing-follow-")), cluster.url("sizing_follow")):
-            memory = follow_memory(args.follow)
-        print("memory (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()), flush=True)
+        memory = {}
+        for mode in ("run", "daemon"):
+            with profile_env("team", Path(tempfile.mkdtemp(prefix="orbit-sizing-follow-")),
+                             cluster.url(f"sizing_follow_{mode}")):
+                memory[mode] = follow_memory(args.follow, mode)
+            print(f"memory, ORBIT_FOLLOW={mode} (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory[mode].items()),
+                  flush=True)
     finally:
         cluster.stop()
     report = render(rows, memory, args, time.time() - started)
@@ -216,16 +224,19 @@ def render(rows, memory, args, seconds: float) -> str:
                      f"| {t[q[0] + ':requests']}, {t[q[1] + ':requests']} |")
     lines += [
         "",
-        f"Memory while a daemon (team profile) follows {args.follow} training attempts at once, median of 5 "
-        "samples 3 s apart (MiB; PSS counts shared pages once):",
+        f"Memory while a daemon (team profile) has {args.follow} training attempts at once, median of 5 "
+        "samples 3 s apart (MiB; PSS counts shared pages once), with a run following each attempt and "
+        "with hand-off:",
         "",
-        "| run worker (one per followed attempt) PSS | its RSS | dagster-daemon + code server PSS "
-        "| orbit supervisor PSS | run workers seen |",
-        "|---|---|---|---|---|",
-        f"| {memory['run worker PSS']:.0f} | {memory['run worker RSS']:.0f} | {memory['daemon+code server PSS']:.0f} "
-        f"| {memory['orbit supervisor PSS']:.0f} | {memory['run workers seen']:.0f} |",
-        "<!-- sizing:end -->",
+        "| ORBIT_FOLLOW | run workers seen | a run worker's PSS | its RSS | dagster-daemon + code server PSS "
+        "| orbit supervisor PSS |",
+        "|---|---|---|---|---|---|",
     ]
+    for mode, m in memory.items():
+        worker = (f"{m['run worker PSS']:.0f} | {m['run worker RSS']:.0f}" if m["run workers seen"] else "- | -")
+        lines.append(f"| {mode} | {m['run workers seen']:.0f} | {worker} | {m['daemon+code server PSS']:.0f} "
+                     f"| {m['orbit supervisor PSS']:.0f} |")
+    lines.append("<!-- sizing:end -->")
     return "\n".join(lines)
 
 

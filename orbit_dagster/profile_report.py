@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from .control.settings import Settings
-from .profiles import POOL_TAG, TRAIN_POOL_TAG
+from .control.capacity import limits_from_tags
 
 
 def _storage(cfg: dict) -> str:
@@ -27,13 +27,11 @@ def _pools(cfg: dict) -> dict[str, dict[str, int]]:
     runs = ((cfg.get("concurrency") or {}).get("runs") or {})
     limits = runs.get("tag_concurrency_limits") or ((cfg.get("run_coordinator") or {}).get("config") or {}).get(
         "tag_concurrency_limits") or []
-    pools: dict[str, dict[str, int]] = {}
-    for item in limits:
-        if item.get("key") == POOL_TAG:
-            pools.setdefault(str(item.get("value")), {})["limit"] = int(item["limit"])
-        elif item.get("key") == TRAIN_POOL_TAG:
-            pools.setdefault(str(item.get("value")), {})["trainings"] = int(item["limit"])
-    return pools
+    pools, trains = limits_from_tags(limits)
+    out: dict[str, dict[str, int]] = {name: {"limit": limit} for name, limit in pools.items()}
+    for name, limit in trains.items():
+        out.setdefault(name, {})["trainings"] = limit
+    return out
 
 
 def headline(settings: Settings) -> str:
@@ -89,6 +87,7 @@ def describe(settings: Settings) -> dict[str, Any]:
         "max_concurrent_runs": runs.get("max_concurrent_runs"),
         "pools": _pools(cfg),
         "run_retries": int(retries.get("max_retries", 0)) if retries.get("enabled") else 0,
+        "follow": settings.follow,
         "run_monitoring": bool((cfg.get("run_monitoring") or {}).get("enabled")),
         "daemon_heartbeats_s": {k: round(v, 1) for k, v in sorted(beats.items())},
         "notes": notes,
@@ -108,6 +107,8 @@ def format_report(r: dict[str, Any]) -> str:
         f"workspace:      {r['workspace']}",
         f"runs at once:   {r['max_concurrent_runs']}; pools: {pools}",
         f"run retries:    {r['run_retries'] or 'off'}; run monitoring: {'on' if r['run_monitoring'] else 'off'}",
+        f"trainings:      " + ("followed by the daemon between short runs (ORBIT_FOLLOW=daemon)"
+                               if r["follow"] == "daemon" else "each followed by its run (ORBIT_FOLLOW=run)"),
         f"daemon:         {'running (' + ', '.join(alive) + ')' if alive else 'not running (orbit daemon / orbit ui)'}",
     ]
     lines += [f"note:           {n}" for n in r["notes"]]

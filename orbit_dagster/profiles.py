@@ -172,6 +172,22 @@ class Profile:
         return render_dagster_yaml(self)
 
 
+FOLLOW_MODES = ("run", "daemon")
+
+
+def follow_mode() -> str:
+    """Who follows a launched training attempt (`ORBIT_FOLLOW`): `run`, its training run for the
+    whole attempt (the embedded default: the UI's Terminate stops the attempt), or `daemon`,
+    where the training run launches the attempt and hands following to the daemon
+    (control/handoff.py; the team default: no run slot or run worker is held while a GPU trains)."""
+    default = "daemon" if (os.environ.get("ORBIT_PROFILE") or "embedded") == "team" else "run"
+    mode = os.environ.get("ORBIT_FOLLOW") or default
+    if mode not in FOLLOW_MODES:
+        raise OrbitError(f"unknown follow mode {mode!r}", field="ORBIT_FOLLOW", value=mode,
+                         fix="ORBIT_FOLLOW=run (a run follows each attempt) or ORBIT_FOLLOW=daemon (hand-off)")
+    return mode
+
+
 def profile_ledger_url() -> str | None:
     """The ledger URL ORBIT_PROFILE implies (None: SQLite under $ORBIT_HOME)."""
     if (os.environ.get("ORBIT_PROFILE") or "embedded") == "embedded":

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The test suite as `make test` runs it: three pytest processes side by side, each line
+# The test suite as `make test` runs it: four pytest processes side by side, each line
 # prefixed with its part: the end-to-end tests (tests/e2e: one Dagster daemon at a time,
-# one demo run shared by them), the integration tests, and the rest (unit, security,
-# reliability). Most tests wait on real processes, so two cores keep three parts busy.
+# one demo run shared by them), the team profile at scale (tests/scale: 20 jobs through a
+# daemon on PostgreSQL), the integration tests, and the rest (unit, security, reliability).
+# Most tests wait on real processes, so two cores keep four parts busy.
 # Extra arguments go to every part (`make test-all` passes `-m ''`). Exits non-zero when
 # any part fails.
 set -uo pipefail
@@ -19,11 +20,12 @@ part() {  # NAME PYTEST-ARGS...: run pytest, prefix its lines, keep its exit cod
 }
 
 part e2e tests/e2e "$@" &
+part scale tests/scale "$@" &
 part integration tests/integration "$@" &
-part rest tests --ignore=tests/e2e --ignore=tests/integration "$@" &
+part rest tests --ignore=tests/e2e --ignore=tests/scale --ignore=tests/integration "$@" &
 wait
 rc=0
-for name in e2e integration rest; do
+for name in e2e scale integration rest; do
   code=$(cat "$codes/$name" 2>/dev/null || echo 1)
   echo "$name: exit $code"
   [ "$code" = 0 ] || rc=1

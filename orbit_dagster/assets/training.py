@@ -1,8 +1,10 @@
 """`training_run` (one partition per job) and `checkpoint` (one partition per (job, checkpoint)).
 
 Materialising a `training_run` partition launches the job's queued attempt through its
-GPU-rental resource (or re-attaches to it) and follows it; each checkpoint the attempt
-registers is reported as a materialisation of the `checkpoint` asset, with the results of
+GPU-rental resource (or re-attaches to it) and follows it, to its end or, with hand-off
+(`ORBIT_FOLLOW=daemon`, the team profile), until it runs: then the materialisation says
+RUNNING and the daemon requests the next run when there is something to do (a checkpoint,
+the end); each checkpoint the attempt registers is reported as a materialisation of the `checkpoint` asset, with the results of
 its integrity and presence checks. Checkpoints come only from training, so `checkpoint` is
 declared but not materialisable on its own; its upstream is exactly its own job's
 `training_run` partition. Terminating the run (the UI's Terminate, or `orbit cancel`)
@@ -58,6 +60,8 @@ def training_run(context: dg.AssetExecutionContext, orbit: OrbitResource, sim_ma
             raise
     tags = {"orbit/attempt": str(outcome.attempt), "orbit/outcome": outcome.state,
             "orbit/failure_class": outcome.failure_class or "none"}
+    if outcome.handed_off:
+        tags["orbit/handed_off"] = "1"
     context.instance.add_run_tags(context.run_id, tags)
     metadata = {
         "attempt": outcome.attempt,
@@ -68,12 +72,17 @@ def training_run(context: dg.AssetExecutionContext, orbit: OrbitResource, sim_ma
         "last_step": outcome.last_step if outcome.last_step is not None else -1,
         "usd": dg.MetadataValue.float(round(outcome.usd, 6)),
         "reattached": outcome.reattached,
+        "handed_off": outcome.handed_off,
         **loss_curve(settings.ledger(), job_id),
     }
     if outcome.already_ended and not context.run.tags.get("orbit/reattach"):
         raise dg.Failure(description=f"{job_id} attempt {outcome.attempt} had already ended {outcome.state}; nothing "
                                      "was launched (a new attempt is a retry: the retry_job launchpad or "
                                      "`orbit retry`)", metadata=metadata, allow_retries=False)
+    if outcome.handed_off:
+        # Still training: the daemon watches it and requests a run when there is something
+        # to collect or to close (control/handoff.py); that run materialises this again.
+        return dg.MaterializeResult(metadata=metadata)
     if outcome.state != "SUCCEEDED":
         raise dg.Failure(
             description=f"{job_id} attempt {outcome.attempt} ended {outcome.state} "

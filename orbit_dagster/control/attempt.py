@@ -20,6 +20,7 @@ from ..ledger import Ledger, as_datetime, utcnow
 from ..ledger import records as R
 from ..providers.base import Provider, RunHandle, RunStatus
 from . import checkpoints as C
+from . import handoff
 from .billing import attempt_checkpoints, release
 from .context import NullReporter, Reporter, bundle_and_provider, eval_suite_for, store_for
 from .dispatch import dispatch
@@ -59,7 +60,7 @@ class AttemptOutcome:
     job_id: str
     attempt: int
     run_id: str
-    state: str  # SUCCEEDED | FAILED | LOST | CANCELLED
+    state: str  # SUCCEEDED | FAILED | LOST | CANCELLED, or RUNNING when handed off
     failure_class: str | None = None
     reason: str = ""
     exit_code: int | None = None
@@ -69,6 +70,7 @@ class AttemptOutcome:
     usd: float = 0.0
     reattached: bool = False
     already_ended: bool = False  # the attempt had ended before this call: nothing was launched or followed
+    handed_off: bool = False  # still running; the daemon watches it (control/handoff.py)
 
 
 class AttemptMonitor:
@@ -162,6 +164,28 @@ class AttemptMonitor:
             "value": value, "source": "train", "ts": _when(ev),
         })
 
+    def take_up(self, run_row: dict) -> None:
+        """Continue where the run that handed this attempt off stopped reading."""
+        if run_row.get("handed_off_at") is None:
+            return
+        self.offset = int(run_row.get("follow_offset") or 0)
+        if run_row.get("follow_step") is not None:
+            self.last_step = int(run_row["follow_step"])
+        if run_row.get("follow_progress_at") is not None:
+            self.last_progress = as_datetime(float(run_row["follow_progress_at"]))
+
+    def hand_off(self, grace_s: float, poll_s: float = 0.25) -> RunStatus | None:
+        """Follow for `grace_s`; if the workload still runs then, record where to take up and
+        return None: the daemon watches it from here. Else the status that ends it."""
+        status = self.follow(poll_s, until=time.time() + grace_s)
+        if status is not None:
+            return status
+        progress = self.last_progress.timestamp() if self.last_progress else None
+        if not handoff.hand_off(self.ledger, self.run_id, offset=self.offset, last_step=self.last_step,
+                                last_progress=progress):
+            return self.follow(poll_s)  # it ended meanwhile: follow it to its end
+        return None
+
     def flush_metrics(self) -> None:
         if self.metric_rows:
             self.ledger.commit({"metric_points": self.metric_rows})
@@ -186,7 +210,8 @@ class AttemptMonitor:
             self.reporter.log(f"{self.job_id}: {exc}; still following")
             return None
 
-    def follow(self, poll_s: float = 0.25, flush_every_s: float = 2.0) -> RunStatus:
+    def follow(self, poll_s: float = 0.25, flush_every_s: float = 2.0, until: float | None = None) -> RunStatus | None:
+        """Until the workload ends (its status), or None at `until` if it still runs then."""
         last_flush = time.time()
         while True:
             # Events and status are asked separately: a host whose event file cannot be read
@@ -212,12 +237,17 @@ class AttemptMonitor:
                 self._reachable(self.pump)  # the last lines written before the exit
                 self.flush_metrics()
                 return status
+            if until is not None and time.time() >= until:
+                self.flush_metrics()
+                return None
             time.sleep(poll_s)
 
 
 def run_attempt(settings: Settings, job_id: str, *, dagster_run_id: str | None = None,
-                reporter: Reporter | None = None, poll_s: float = 0.25) -> AttemptOutcome:
-    """Launch the job's queued attempt, or re-attach to it, and follow it to its end."""
+                reporter: Reporter | None = None, poll_s: float = 0.25, hand_off: bool | None = None) -> AttemptOutcome:
+    """Launch the job's queued attempt, or re-attach to it, and follow it to its end; with
+    hand-off (`settings.follow == "daemon"` unless told), stop following once it runs."""
+    hand_off = settings.follow == "daemon" if hand_off is None else hand_off
     reporter = reporter or NullReporter()
     ledger = settings.ledger()
     job = R.require_job(ledger, job_id)
@@ -244,25 +274,38 @@ def run_attempt(settings: Settings, job_id: str, *, dagster_run_id: str | None =
             )
         launched = dispatch(settings, ledger, job, dagster_run_id=dagster_run_id, reporter=reporter)
         if launched is None:  # another run won the race for this attempt: follow its launch
-            return _wait_and_reattach(settings, job_id, dagster_run_id=dagster_run_id, reporter=reporter, poll_s=poll_s)
+            return _wait_and_reattach(settings, job_id, dagster_run_id=dagster_run_id, reporter=reporter, poll_s=poll_s,
+                                      hand_off=hand_off)
         handle, provider = launched
     run_row = R.run(ledger, run_id) or {}
     monitor = AttemptMonitor(settings, ledger, provider, handle, reporter, job_id=job_id, run_id=run_id,
                              store_uri=store_for(settings, ledger, job_id, attempt), lineage=run_row.get("lineage"),
                              experiment=job["experiment"], eval_suite=eval_suite_for(settings, ledger, job_id, attempt))
-    status = monitor.follow(poll_s=poll_s)
+    monitor.take_up(run_row)
+    if hand_off:
+        # The run that launches follows a while first: a job that fails at once, or a short
+        # one, ends in it; a run that takes the attempt up again collects and hands back.
+        status = monitor.hand_off(0.0 if reattached else settings.handoff_after_s, poll_s)
+        if status is None:
+            reporter.log(f"{job_id} attempt {attempt}: running; following handed to the daemon")
+            return AttemptOutcome(job_id, attempt, run_id, "RUNNING", instance_id=handle.instance.instance_id,
+                                  checkpoints=monitor.new_checkpoints, last_step=monitor.last_step,
+                                  reattached=reattached, handed_off=True)
+    else:
+        status = monitor.follow(poll_s=poll_s)
     return finish(settings, ledger, provider, handle, monitor, status, job_id=job_id, attempt=attempt,
                   run_id=run_id, reattached=reattached, reporter=reporter)
 
 
 def _wait_and_reattach(settings: Settings, job_id: str, *, dagster_run_id: str | None, reporter: Reporter,
-                       poll_s: float, timeout_s: float = 120.0) -> AttemptOutcome:
+                       poll_s: float, hand_off: bool, timeout_s: float = 120.0) -> AttemptOutcome:
     ledger = settings.ledger()
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         job = R.require_job(ledger, job_id)
         if R.run(ledger, R.run_id_for(job_id, int(job["attempt"]))) is not None or job["state"] not in ("DISPATCHING",):
-            return run_attempt(settings, job_id, dagster_run_id=dagster_run_id, reporter=reporter, poll_s=poll_s)
+            return run_attempt(settings, job_id, dagster_run_id=dagster_run_id, reporter=reporter, poll_s=poll_s,
+                               hand_off=hand_off)
         time.sleep(0.5)
     raise OrbitError(f"job {job_id}: another run has been dispatching it for {timeout_s:.0f} s without launching",
                      field="job", value=job_id, fix="look at the other run's logs in the Dagster UI")

@@ -28,6 +28,7 @@ from ..ledger import records as R
 from ..providers.base import InstanceHandle, RunHandle
 from .billing import attempt_checkpoints, close_lost_attempt, release, stop_cancelled
 from .context import Attempts, bundle_and_provider, concurrently
+from .handoff import WATCH, Watch
 from .recovery import recover_lost
 from .settings import Settings
 
@@ -86,7 +87,8 @@ class ReconcileReport:
 
 def active_attempts(ledger: Ledger) -> list[dict]:
     return ledger.rows(
-        """SELECT j.job_id, j.attempt, r.run_id, r.handle, r.instance_id, r.provider, r.offer_id FROM runs r
+        """SELECT j.job_id, j.attempt, r.run_id, r.handle, r.instance_id, r.provider, r.offer_id, r.handed_off_at,
+                  r.follow_offset FROM runs r
            JOIN jobs j ON j.job_id = r.job_id AND j.attempt = r.attempt
            WHERE r.state = 'RUNNING' AND j.state = 'RUNNING'""")
 
@@ -128,9 +130,11 @@ def _decision(action: str, row: dict, reason: str = "", failure_class: str | Non
                     row.get("provider"), row.get("offer_id"), failure_class)
 
 
-def decide(settings: Settings, followed: Followed = lambda job_id, attempt: True) -> ReconcileReport:
+def decide(settings: Settings, followed: Followed = lambda job_id, attempt: True,
+           watch: Watch = WATCH) -> ReconcileReport:
     """What needs doing; `followed(job_id, attempt)` says whether a live run follows (or
-    dispatches) that attempt."""
+    dispatches) that attempt. An attempt handed off to the daemon (control/handoff.py) gets
+    a re-attach only when `watch` says a run has something to do."""
     ledger = settings.ledger()
     report = ReconcileReport()
     contexts = Attempts(settings, ledger)
@@ -140,10 +144,21 @@ def decide(settings: Settings, followed: Followed = lambda job_id, attempt: True
 
     def status_of(row: dict):
         _, provider = contexts(row["job_id"], int(row["attempt"]))
-        return provider.status(RunHandle.model_validate_json(row["handle"]))
+        handle = RunHandle.model_validate_json(row["handle"])
+        status = provider.status(handle)
+        if row["handed_off_at"] is None:
+            return status, None
+        if status.state in ("exited", "lost"):
+            return status, "handed off; " + ("its workload ended" if status.state == "exited" else "its host is lost")
+        return status, watch.wants_run(provider, row, handle, every_s=settings.follow_every_s)
 
-    for row, status in zip(unfollowed, concurrently(status_of, unfollowed)):
-        if status.state == "lost":
+    watch.forget({row["run_id"] for row in unfollowed if row["handed_off_at"] is not None})
+    for row, (status, wake) in zip(unfollowed, concurrently(status_of, unfollowed)):
+        if row["handed_off_at"] is not None:
+            # Its run closes it the way a following run would, whatever happened to the host.
+            if wake:
+                report.decisions.append(_decision("reattach", row, wake))
+        elif status.state == "lost":
             report.decisions.append(_decision("close_lost", row, status.reason or "host lost", "reclaim"))
         else:
             report.decisions.append(_decision("reattach", row, "no run follows it"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..core.errors import OrbitError
 from ..ledger import Ledger
-from ..profiles import profile_ledger_url
+from ..profiles import follow_mode, profile_ledger_url
 
 
 def _words(text: str | None) -> tuple[str, ...]:
@@ -15,15 +15,15 @@ def _words(text: str | None) -> tuple[str, ...]:
     return tuple(w for w in (text or "").replace(",", " ").split() if w)
 
 
-def _seconds(name: str, default: float) -> float:
+def _seconds(name: str, default: float, *, zero_ok: bool = False) -> float:
     text = os.environ.get(name)
     try:
         value = float(text) if text else default
     except ValueError:
         value = -1.0
-    if not value > 0:
-        raise OrbitError(f"{name}={text!r} is not a positive number of seconds", field=name, value=text,
-                         fix=f"e.g. {name}={default:g}")
+    if not (value >= 0 if zero_ok else value > 0) or value == float("inf"):
+        kind = "a number of seconds >= 0" if zero_ok else "a positive number of seconds"
+        raise OrbitError(f"{name}={text!r} is not {kind}", field=name, value=text, fix=f"e.g. {name}={default:g}")
     return value
 
 
@@ -65,6 +65,12 @@ class Settings:
     # The ledger's database: SQLite under the home by default; a team points every machine at
     # one PostgreSQL (`postgresql+psycopg://USER@HOST:PORT/DB`, the password from PGPASSWORD).
     ledger_url_setting: str | None = None
+    # Who follows a training attempt once launched (profiles.follow_mode): `run` or `daemon`;
+    # with `daemon`, how long the launching run follows before it hands off, and the longest
+    # a running attempt goes without a run collecting its events.
+    follow: str = "run"
+    handoff_after_s: float = 60.0
+    follow_every_s: float = 300.0
 
     @classmethod
     def from_env(cls, home: str | Path | None = None) -> "Settings":
@@ -95,6 +101,9 @@ class Settings:
             migration_window_s=float(os.environ.get("ORBIT_MIGRATION_WINDOW_S", 600)),
             # ORBIT_LEDGER_URL wins; else the deployment profile's (team: its PostgreSQL).
             ledger_url_setting=os.environ.get("ORBIT_LEDGER_URL") or profile_ledger_url(),
+            follow=follow_mode(),
+            handoff_after_s=_seconds("ORBIT_HANDOFF_AFTER_S", 60.0, zero_ok=True),
+            follow_every_s=_seconds("ORBIT_FOLLOW_EVERY_S", 300.0),
         )
 
     @property

@@ -51,11 +51,25 @@ def _v3_eval_latest_lineage(tx: Tx) -> None:
     rollups.refresh_eval_latest(tx)
 
 
+HANDOFF_COLUMNS = (("handed_off_at", "DOUBLE PRECISION"), ("follow_offset", "BIGINT"), ("follow_step", "BIGINT"),
+                   ("follow_progress_at", "DOUBLE PRECISION"))
+
+
+def _v4_handoff(tx: Tx) -> None:
+    # A ledger created by version 1 of this code already has them (create_all reads the
+    # current schema); an older one gains them, empty: no attempt of it was handed off.
+    columns = {c["name"] for c in sa.inspect(tx.conn).get_columns("runs")}
+    for name, type_ in HANDOFF_COLUMNS:
+        if name not in columns:
+            tx.conn.exec_driver_sql(f"ALTER TABLE runs ADD COLUMN {name} {type_}")
+
+
 # (version, what it does, the change). Append only: a released migration never changes.
 MIGRATIONS: list[tuple[int, str, Callable[[Tx], None]]] = [
     (1, "transactional ledger: tables, indexes, views", _v1_initial),
     (2, "cost totals and latest evaluation values kept on write", _v2_rollups),
     (3, "latest evaluation values with their checkpoint's lineage and deletion", _v3_eval_latest_lineage),
+    (4, "where a handed-off attempt's following resumes", _v4_handoff),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -97,6 +97,9 @@ TABLES: dict[str, TableSpec] = {t.name: t for t in [
            col("resume_from"), col("handle"), col("imported", I, server_default="0"), col("experiment"),
            col("project"), col("started_at", F),
            col("state"), col("exit_code", I), col("failure_class"), col("reason"), col("state_at", F),
+           # Hand-off (control/handoff.py): when the last run following the attempt handed it to
+           # the daemon, and where the next run takes up its event stream.
+           col("handed_off_at", F), col("follow_offset", I), col("follow_step", I), col("follow_progress_at", F),
            key=("run_id",), indexes=(("job_id", "attempt"), ("state",), ("offer_id", "state"),
                                        ("instance_id",))),  # runs of an instance: reclaim counts, notices
     _table("run_states", col("id", ID, primary_key=True, autoincrement=True), col("run_id"), col("state"),

@@ -7,6 +7,18 @@ IN_PROGRESS = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.D
                dg.DagsterRunStatus.STARTED]
 
 
+def in_flight_tags(instance: dg.DagsterInstance) -> list[dict[str, str]]:
+    """The tags of every run queued, in progress or being cancelled (one storage query)."""
+    statuses = [*IN_PROGRESS, dg.DagsterRunStatus.CANCELING]
+    return [dict(r.dagster_run.tags) for r in instance.get_run_records(dg.RunsFilter(statuses=statuses))]
+
+
+def tag_limits(instance: dg.DagsterInstance) -> list[dict]:
+    """The run queue's tag concurrency limits as dagster.yaml has them (none without a queue)."""
+    queue = instance.get_concurrency_config().run_queue_config
+    return [dict(item) for item in (queue.tag_concurrency_limits if queue else [])]
+
+
 def runs_in_progress(instance: dg.DagsterInstance, job_id: str) -> list[dg.DagsterRun]:
     """Runs that work on this job now: its training runs (partition) and its evaluations (tag)."""
     found = {}

@@ -1,4 +1,5 @@
-"""Pending evaluations -> one `evaluation` run each; claims of dead runs given back.
+"""Pending evaluations -> one `evaluation` run each, while the provider's pool has room
+(control/capacity.py: handed-off trainings hold GPUs without runs); claims of dead runs given back.
 
 The run key is `eval:<checkpoint>:<suite>:try-<n>` wherever an evaluation is requested
 (this sensor, the backfill schedule), and the ledger's claim (PENDING -> RUNNING) lets only
@@ -8,10 +9,11 @@ one run evaluate a (checkpoint, suite) at a time, so nothing is evaluated twice 
 import dagster as dg
 
 from ..assets.partitions import checkpoint_partition_requests, partition_of
+from ..control.capacity import capacity
 from ..control.evaluate import eval_run_key, pending_evaluations, skip_deleted, stale_evaluations
 from ..jobs import eval_job
 from ..ops.rental import abandoned_eval_request, rental_job
-from ..ops.runs import IN_PROGRESS
+from ..ops.runs import IN_PROGRESS, in_flight_tags, tag_limits
 from ..profiles import pool_tags
 from ..resources import OrbitResource
 
@@ -45,7 +47,16 @@ def checkpoint_evaluation_sensor(context: dg.SensorEvaluationContext, orbit: Orb
     settings = orbit.settings()
     stale = stale_evaluations(settings, run_alive(context.instance))
     skip_deleted(settings)
-    rows = pending_evaluations(settings.ledger(), BATCH)
+    ledger = settings.ledger()
+    room = capacity(ledger, tag_limits(context.instance), in_flight_tags(context.instance))
+    rows = []
+    for row in pending_evaluations(ledger, BATCH + sum(len(keys) for keys in room.evals.values())):
+        placement = row.get("placement") or "sim"
+        if room.evaluating(row["checkpoint_key"], row["suite"]):
+            continue  # its run is queued or running
+        if len(rows) < BATCH and room.may_eval(placement):
+            rows.append(row)
+            room.evals[placement].add(f"{row['checkpoint_key']}|{row['suite']}")
     return dg.SensorResult(
         run_requests=[abandoned_eval_request(r) for r in stale] + [eval_request(r) for r in rows],
         dynamic_partitions_requests=checkpoint_partition_requests(context.instance,

@@ -163,7 +163,8 @@ def test_orbit_ui_listens_on_loopback_only_and_stops_with_its_daemon(orbit_home,
 
 
 @pytest.mark.slow  # minutes of a whole machine: `make test-all`
-def test_a_killed_run_worker_is_retried_and_the_attempt_launches_once(team_profile, orbit_home):
+def test_a_killed_run_worker_is_retried_and_the_attempt_launches_once(team_profile, orbit_home, monkeypatch):
+    monkeypatch.setenv("ORBIT_FOLLOW", "run")  # a run follows the attempt: it is that run's worker that dies
     settings = Settings.from_env(orbit_home)
     ledger = settings.ledger()
     daemon = Daemon(settings).start()

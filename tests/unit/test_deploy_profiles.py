@@ -51,6 +51,32 @@ def test_profiles_are_one_setting(monkeypatch):
         Profile.from_env()
 
 
+def test_who_follows_a_training_is_one_setting_with_a_default_per_profile(monkeypatch, tmp_path):
+    from orbit_dagster.control.settings import Settings
+
+    assert Settings.from_env(tmp_path).follow == "run"
+    monkeypatch.setenv("ORBIT_PROFILE", "team")
+    monkeypatch.setenv("ORBIT_POSTGRES_URL", "postgresql://orbit@127.0.0.1:5432/orbit")
+    assert Settings.from_env(tmp_path).follow == "daemon"
+    monkeypatch.setenv("ORBIT_FOLLOW", "run")
+    assert Settings.from_env(tmp_path).follow == "run"
+    monkeypatch.setenv("ORBIT_FOLLOW", "sensor")
+    with pytest.raises(OrbitError, match="ORBIT_FOLLOW=run") as err:
+        Settings.from_env(tmp_path)
+    assert err.value.field == "ORBIT_FOLLOW" and err.value.value == "sensor"
+    monkeypatch.setenv("ORBIT_FOLLOW", "daemon")
+    monkeypatch.setenv("ORBIT_HANDOFF_AFTER_S", "0")
+    assert Settings.from_env(tmp_path).handoff_after_s == 0.0
+    for bad in ("-1", "soon", "inf", "nan"):
+        monkeypatch.setenv("ORBIT_HANDOFF_AFTER_S", bad)
+        with pytest.raises(OrbitError, match="ORBIT_HANDOFF_AFTER_S"):
+            Settings.from_env(tmp_path)
+    monkeypatch.setenv("ORBIT_HANDOFF_AFTER_S", "60")
+    monkeypatch.setenv("ORBIT_FOLLOW_EVERY_S", "0")  # 0 would wake a run at every tick
+    with pytest.raises(OrbitError, match="ORBIT_FOLLOW_EVERY_S"):
+        Settings.from_env(tmp_path)
+
+
 def test_dagster_yaml_of_each_profile_loads_as_a_dagster_instance_config(monkeypatch, tmp_path):
     from dagster._core.instance.config import dagster_instance_config
 

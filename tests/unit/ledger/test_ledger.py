@@ -132,6 +132,22 @@ def test_migrations_are_versioned_and_a_newer_ledger_is_refused(tmp_path):
         migrate(Ledger(url(tmp_path)))
 
 
+def test_migration_4_gives_an_older_ledgers_runs_the_hand_off_columns(tmp_path):
+    ledger = fresh(tmp_path)
+    new_job(ledger)
+    ledger.commit({"runs": [{"run_id": "j/1", "job_id": "j", "attempt": 1, "state": "RUNNING"}]})
+    con = sqlite3.connect(tmp_path / "l" / "ledger.sqlite")  # the runs table as version 3 left it
+    for column in ("handed_off_at", "follow_offset", "follow_step", "follow_progress_at"):
+        con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+    con.execute("DELETE FROM schema_migrations WHERE version >= 4")
+    con.commit()
+    con.close()
+    reopened = Ledger(url(tmp_path))
+    assert migrate(reopened) == 3 and current_version(reopened) == LATEST == 4
+    assert reopened.one("SELECT run_id, state, handed_off_at, follow_offset FROM runs") == {
+        "run_id": "j/1", "state": "RUNNING", "handed_off_at": None, "follow_offset": None}
+
+
 def test_a_home_of_the_parquet_ledger_is_refused_with_the_fix(tmp_path):
     (tmp_path / "l" / "segments" / "c-1").mkdir(parents=True)
     with pytest.raises(LedgerError, match="orbit ledger upgrade"):

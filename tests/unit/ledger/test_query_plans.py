@@ -14,6 +14,7 @@ import sqlite3
 import pytest
 import sqlalchemy as sa
 
+from orbit_dagster.control.capacity import capacity
 from orbit_dagster.control.dispatch import fleet_notices
 from orbit_dagster.control.evaluate import pending_evaluations, reconcile_evaluations
 from orbit_dagster.control.offers import measured_save_seconds
@@ -92,6 +93,7 @@ TICK_QUERIES = {
     "stale experiments": lambda s: _followups(s.ledger()),
     "notice record": lambda s: fleet_notices(s.ledger(), "sim"),
     "save seconds": lambda s: measured_save_seconds(s.ledger(), "t"),
+    "pool capacity": lambda s: capacity(s.ledger(), [], []),
 }
 
 

@@ -1,0 +1,58 @@
+"""The sensor's watch over handed-off attempts (one function, a stand-in event stream; the
+whole hand-off on the real sim market is tests/integration/test_handoff.py)."""
+import time
+
+from orbit_dagster.control.handoff import Watch
+from orbit_dagster.core.errors import ProviderError
+
+
+class Stream:
+    """An attempt's event stream as `provider.read_events` serves it: (events, new offset)."""
+
+    def __init__(self):
+        self.events: list[dict] = []
+        self.reads: list[int] = []
+        self.fail = False
+
+    def read_events(self, handle, offset):  # noqa: ARG002
+        self.reads.append(offset)
+        if self.fail:
+            raise ProviderError("host out of reach", retryable=True)
+        return self.events[offset:], len(self.events)
+
+
+def row(offset=0, age=1.0):
+    return {"run_id": "j/1", "handed_off_at": time.time() - age, "follow_offset": offset}
+
+
+def test_metrics_alone_wake_no_run_a_checkpoint_or_the_end_does():
+    watch, stream = Watch(), Stream()
+    stream.events += [{"type": "metrics", "step": 1}, {"type": "progress", "step": 2}]
+    assert watch.wants_run(stream, row(), None, every_s=300) is None
+    stream.events.append({"type": "checkpoint", "step": 3})
+    assert watch.wants_run(stream, row(), None, every_s=300) == "it wrote a checkpoint or ended"
+    assert stream.reads == [0, 2]  # each line read once
+    assert watch.wants_run(stream, row(), None, every_s=300)  # still wanted until a run takes it up
+    assert stream.reads == [0, 2]
+    # A run took it up and handed it back at offset 3: the watch reads on from there.
+    stream.events.append({"type": "metrics", "step": 4})
+    assert watch.wants_run(stream, row(offset=3), None, every_s=300) is None
+    stream.events.append({"type": "exit", "code": 0})
+    assert watch.wants_run(stream, row(offset=3), None, every_s=300)
+    assert stream.reads[-2:] == [3, 4]
+
+
+def test_the_clock_wakes_a_run_and_an_unreachable_host_does_not():
+    watch, stream = Watch(), Stream()
+    assert watch.wants_run(stream, row(age=301), None, every_s=300).startswith("no run has read its events")
+    stream.fail = True
+    assert watch.wants_run(stream, row(), None, every_s=300) is None
+
+
+def test_attempts_no_longer_handed_off_are_forgotten():
+    watch, stream = Watch(), Stream()
+    stream.events.append({"type": "checkpoint", "step": 1})
+    assert watch.wants_run(stream, row(), None, every_s=300)
+    watch.forget(set())
+    stream.events.clear()
+    assert watch.wants_run(stream, row(), None, every_s=300) is None  # read afresh from its offset
