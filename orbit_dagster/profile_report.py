@@ -107,7 +107,7 @@ def format_report(r: dict[str, Any]) -> str:
         f"workspace:      {r['workspace']}",
         f"runs at once:   {r['max_concurrent_runs']}; pools: {pools}",
         f"run retries:    {r['run_retries'] or 'off'}; run monitoring: {'on' if r['run_monitoring'] else 'off'}",
-        f"trainings:      " + ("followed by the daemon between short runs (ORBIT_FOLLOW=daemon)"
+        "trainings:      " + ("followed by the daemon between short runs (ORBIT_FOLLOW=daemon)"
                                if r["follow"] == "daemon" else "each followed by its run (ORBIT_FOLLOW=run)"),
         f"daemon:         {'running (' + ', '.join(alive) + ')' if alive else 'not running (orbit daemon / orbit ui)'}",
     ]
