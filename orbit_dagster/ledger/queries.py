@@ -10,11 +10,13 @@ the DuckDB face.
 from __future__ import annotations
 
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ..core.errors import NotFound, OrbitError
 from .store import Ledger
+
+if TYPE_CHECKING:  # pandas is imported by Ledger.frame when a frame is made: every run worker
+    import pandas as pd  # and CLI call imports this module, most never make one (0.4 s each)
 
 COST_VIEWS = {"job": "cost_by_job", "experiment": "cost_by_experiment", "checkpoint": "cost_by_checkpoint"}
 COST_ORDER = {"job": "usd DESC, job_id", "experiment": "usd DESC, experiment", "checkpoint": "job_id, line"}

@@ -35,9 +35,9 @@ JOBS = 20
 RECLAIMS = 3
 POOL_LIMIT, TRAIN_LIMIT = 6, 5  # ORBIT_POOLS sim=6: trainings leave one instance to evaluations
 # Short jobs: one durable checkpoint at the end (plus an emergency one when reclaimed), so
-# one evaluation each; long enough (~10 s of steps) to be reclaimed mid-training.
-OVERRIDES = {"config.steps": 240, "config.micro_batch": 4, "config.grad_accum": 1,
-             "checkpoint.every_steps": 240, "checkpoint.interval_policy": "fixed"}
+# one evaluation each; long enough (~5 s of steps) to be reclaimed mid-training.
+OVERRIDES = {"config.steps": 120, "config.micro_batch": 4, "config.grad_accum": 1,
+             "checkpoint.every_steps": 120, "checkpoint.interval_policy": "fixed"}
 ENDED = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
