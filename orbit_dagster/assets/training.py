@@ -1,11 +1,12 @@
 """`training_run` (one partition per job) and `checkpoint` (one partition per (job, checkpoint)).
 
 Materialising a `training_run` partition launches the job's queued attempt through its
-GPU-rental resource (or re-attaches to it) and follows it, to its end or, with hand-off
-(`ORBIT_FOLLOW=daemon`, the team profile), until it runs: then the materialisation says
-RUNNING and the daemon requests the next run when there is something to do (a checkpoint,
-the end); each checkpoint the attempt registers is reported as a materialisation of the `checkpoint` asset, with the results of
-its integrity and presence checks. Checkpoints come only from training, so `checkpoint` is
+GPU-rental resource (or re-attaches to it) and follows it: to its end, or with hand-off
+(`ORBIT_FOLLOW=daemon`, the team profile) for `ORBIT_HANDOFF_AFTER_S`; an attempt still
+running then is materialised as RUNNING, and the daemon requests the next run when there is
+something to do (a checkpoint, the end). Each checkpoint the attempt registers is reported
+as a materialisation of the `checkpoint` asset, with the results of its integrity and
+presence checks. Checkpoints come only from training, so `checkpoint` is
 declared but not materialisable on its own; its upstream is exactly its own job's
 `training_run` partition. Terminating the run (the UI's Terminate, or `orbit cancel`)
 cancels the attempt: the instance is released and billed to the second, the job is
