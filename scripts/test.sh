@@ -13,10 +13,10 @@ export PYTHONUNBUFFERED=1  # lines as they come, not at the end
 codes=$(mktemp -d)
 trap 'rm -rf "$codes"' EXIT
 
-part() {  # NAME PYTEST-ARGS...: run pytest, prefix its lines, keep its exit code
+part() {  # NAME PYTEST-ARGS...: run pytest (naming its 5 slowest tests), prefix its lines, keep its exit code
   local name=$1
   shift
-  { "$PY" -m pytest -q "$@" 2>&1; echo $? > "$codes/$name"; } | sed -u "s/^/[$name] /"
+  { "$PY" -m pytest -q --durations=5 "$@" 2>&1; echo $? > "$codes/$name"; } | sed -u "s/^/[$name] /"
 }
 
 part e2e tests/e2e "$@" &
