@@ -121,6 +121,8 @@ def processes() -> dict[int, tuple[int, str]]:
 def follow_memory(k: int, mode: str) -> dict[str, float]:
     """Memory of a daemon with K training attempts (team profile), followed as `mode` says."""
     os.environ["ORBIT_FOLLOW"] = mode
+    # Hand off after 5 s rather than the default 60 s, so the samples below come after it.
+    os.environ["ORBIT_HANDOFF_AFTER_S"] = "5"
     from orbit_dagster.control.settings import Settings
     from orbit_dagster.control.submit import cancel, submit
     from orbit_dagster.instance import Daemon, wait_for_daemon
@@ -138,7 +140,7 @@ def follow_memory(k: int, mode: str) -> dict[str, float]:
             if time.time() > deadline:
                 raise SystemExit(f"{k} attempts did not reach RUNNING within 300 s")
             time.sleep(1)
-        time.sleep(5)  # the launching runs hand off and end (daemon mode)
+        time.sleep(15)  # the launching runs hand off and end (daemon mode)
         samples: dict[str, list[float]] = {"run worker PSS": [], "run worker RSS": [], "daemon+code server PSS": [],
                                            "orbit supervisor PSS": []}
         for _ in range(5):
@@ -161,6 +163,7 @@ def follow_memory(k: int, mode: str) -> dict[str, float]:
     finally:
         daemon.stop()
         os.environ.pop("ORBIT_FOLLOW", None)
+        os.environ.pop("ORBIT_HANDOFF_AFTER_S", None)
     return {name: statistics.median(values) if values else 0.0 for name, values in samples.items()}
 
 
@@ -225,8 +228,9 @@ def render(rows, memory, args, seconds: float) -> str:
     lines += [
         "",
         f"Memory while a daemon (team profile) has {args.follow} training attempts at once, median of 5 "
-        "samples 3 s apart (MiB; PSS counts shared pages once), with a run following each attempt and "
-        "with hand-off:",
+        "samples 3 s apart from 15 s after all three run (MiB; PSS counts shared pages once), with a run "
+        "following each attempt and with hand-off (ORBIT_HANDOFF_AFTER_S=5, so the samples come after it; a run "
+        "worker seen then is a short run: a checkpoint collected, an evaluation, the cost summary):",
         "",
         "| ORBIT_FOLLOW | run workers seen | a run worker's PSS | its RSS | dagster-daemon + code server PSS "
         "| orbit supervisor PSS |",

@@ -10,8 +10,11 @@ reads the new lines of the attempt's event stream (`Watch`). It requests a short
 `training_run` run, a re-attach, when:
 - the workload has ended or its host is lost: that run closes the attempt exactly as a run
   following it would have (artifacts, release and bill, recovery or the next attempt);
-- the workload wrote a checkpoint: that run copies and verifies it, registers it (its
-  evaluation follows) and hands the attempt back;
+- the workload wrote a checkpoint, and the last run read its events at least
+  `COLLECT_EVERY_S` ago: that run copies and verifies the checkpoints written since,
+  registers them (their evaluations follow) and hands the attempt back. The wait batches
+  checkpoints written every few seconds (a run takes seconds of CPU to start: waking one per
+  checkpoint would cost more than following);
 - `follow_every_s` passed since the last run: the metrics reach the ledger.
 A following run and a re-attach share `attempt.run_attempt`; the notice a reclaim gives is
 acted on by the runtime agent on the host either way (its emergency checkpoint).
@@ -24,8 +27,10 @@ import time
 from ..core.errors import ProviderError
 from ..ledger import Ledger
 
-# Lines of an event stream that make a run worth starting before `follow_every_s`.
+# Lines of an event stream that make a run worth starting before `follow_every_s`: the end
+# at once, a checkpoint once COLLECT_EVERY_S have passed since the last run read the stream.
 WAKING_EVENTS = {"checkpoint", "exit"}
+COLLECT_EVERY_S = 60.0
 
 
 def hand_off(ledger: Ledger, run_id: str, *, offset: int, last_step: int | None,
@@ -47,28 +52,33 @@ class Watch:
     """
 
     def __init__(self) -> None:
-        self._seen: dict[str, tuple[int, int, bool]] = {}  # run_id -> (handed_off offset, read to, woke)
+        self._seen: dict[str, tuple[int, int, set[str]]] = {}  # run_id -> (handed-off offset, read to, seen)
         self._lock = threading.Lock()
 
     def wants_run(self, provider, row: dict, handle, *, every_s: float, now: float | None = None) -> str | None:
         """Why a run should take up this running, handed-off attempt now, or None."""
         now = time.time() if now is None else now
-        if now - float(row["handed_off_at"]) >= every_s:
+        age = now - float(row["handed_off_at"])
+        if age >= every_s:
             return f"no run has read its events for {every_s:.0f} s"
         start = int(row["follow_offset"] or 0)
         with self._lock:
-            base, read_to, woke = self._seen.get(row["run_id"], (start, start, False))
+            base, read_to, seen = self._seen.get(row["run_id"], (start, start, set()))
         if base != start:  # a run took it up and handed it back since: read from its offset
-            read_to, woke = start, False
-        if not woke:
+            read_to, seen = start, set()
+        if "exit" not in seen:
             try:
                 events, read_to = provider.read_events(handle, read_to)
             except (OSError, ProviderError):
                 return None  # out of reach now: its status says when it is lost, the clock when to look
-            woke = any(isinstance(ev, dict) and ev.get("type") in WAKING_EVENTS for ev in events)
+            seen = seen | {ev.get("type") for ev in events if isinstance(ev, dict)} & WAKING_EVENTS
         with self._lock:
-            self._seen[row["run_id"]] = (start, read_to, woke)
-        return "it wrote a checkpoint or ended" if woke else None
+            self._seen[row["run_id"]] = (start, read_to, seen)
+        if "exit" in seen:
+            return "its workload ended"
+        if "checkpoint" in seen and age >= min(COLLECT_EVERY_S, every_s):
+            return "it wrote a checkpoint"
+        return None
 
     def forget(self, keep: set[str]) -> None:
         """Drop attempts no longer handed off (they ended, or a run follows them)."""

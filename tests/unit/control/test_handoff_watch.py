@@ -2,7 +2,7 @@
 whole hand-off on the real sim market is tests/integration/test_handoff.py)."""
 import time
 
-from orbit_dagster.control.handoff import Watch
+from orbit_dagster.control.handoff import COLLECT_EVERY_S, Watch
 from orbit_dagster.core.errors import ProviderError
 
 
@@ -25,21 +25,24 @@ def row(offset=0, age=1.0):
     return {"run_id": "j/1", "handed_off_at": time.time() - age, "follow_offset": offset}
 
 
-def test_metrics_alone_wake_no_run_a_checkpoint_or_the_end_does():
+def test_metrics_alone_wake_no_run_the_end_does_a_checkpoint_after_a_while():
     watch, stream = Watch(), Stream()
     stream.events += [{"type": "metrics", "step": 1}, {"type": "progress", "step": 2}]
     assert watch.wants_run(stream, row(), None, every_s=300) is None
     stream.events.append({"type": "checkpoint", "step": 3})
-    assert watch.wants_run(stream, row(), None, every_s=300) == "it wrote a checkpoint or ended"
-    assert stream.reads == [0, 2]  # each line read once
-    assert watch.wants_run(stream, row(), None, every_s=300)  # still wanted until a run takes it up
-    assert stream.reads == [0, 2]
+    # A checkpoint written soon after the last run read the stream waits for more to batch...
+    assert watch.wants_run(stream, row(age=1), None, every_s=300) is None
+    # ... and wakes a run once COLLECT_EVERY_S have passed.
+    assert watch.wants_run(stream, row(age=COLLECT_EVERY_S + 1), None, every_s=300) == "it wrote a checkpoint"
+    assert stream.reads == [0, 2, 3]  # each line read once
     # A run took it up and handed it back at offset 3: the watch reads on from there.
     stream.events.append({"type": "metrics", "step": 4})
-    assert watch.wants_run(stream, row(offset=3), None, every_s=300) is None
+    assert watch.wants_run(stream, row(offset=3, age=1), None, every_s=300) is None
     stream.events.append({"type": "exit", "code": 0})
-    assert watch.wants_run(stream, row(offset=3), None, every_s=300)
+    assert watch.wants_run(stream, row(offset=3, age=1), None, every_s=300) == "its workload ended"  # at once
     assert stream.reads[-2:] == [3, 4]
+    assert watch.wants_run(stream, row(offset=3, age=1), None, every_s=300)  # still, until a run takes it up
+    assert stream.reads[-1] == 4  # and the stream is not read again
 
 
 def test_the_clock_wakes_a_run_and_an_unreachable_host_does_not():
@@ -51,7 +54,7 @@ def test_the_clock_wakes_a_run_and_an_unreachable_host_does_not():
 
 def test_attempts_no_longer_handed_off_are_forgotten():
     watch, stream = Watch(), Stream()
-    stream.events.append({"type": "checkpoint", "step": 1})
+    stream.events.append({"type": "exit", "code": 0})
     assert watch.wants_run(stream, row(), None, every_s=300)
     watch.forget(set())
     stream.events.clear()
