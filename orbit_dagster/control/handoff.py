@@ -1,8 +1,9 @@
 """Hand-off: a training run launches its attempt, then hands following to the daemon.
 
 With `ORBIT_FOLLOW=daemon` (the team profile's default) no Dagster run, and no run worker
-process, is held while a GPU trains. The run that launches an attempt reads the events
-written so far, records in the attempt's ledger row where it stopped (`follow_offset`, the
+process, is held while a GPU trains. The run that launches an attempt follows it for
+`ORBIT_HANDOFF_AFTER_S` (a job that fails at once, or a short one, ends in it); if it still
+runs then, the run records in the attempt's ledger row where it stopped reading (`follow_offset`, the
 last step seen and when: billing needs them for the wasted compute of a reclaim) and when
 it handed off, and ends. From then on the interruption sensor watches the attempt at each
 tick, as it watches every attempt no run follows: it asks the host for its status and, here,

@@ -21,7 +21,7 @@ from orbit_dagster.control.settings import Settings
 from orbit_dagster.control.submit import cancel, submit
 from orbit_dagster.ledger import records as R
 from orbit_dagster.providers.base import RunHandle
-from tests.helpers import wait_for
+from tests.helpers import Background, wait_for
 
 CFG = {"config.steps": 60, "checkpoint.every_steps": 20, "checkpoint.interval_policy": "fixed"}
 
@@ -154,3 +154,60 @@ def test_a_job_that_ends_within_the_grace_ends_in_its_launching_run(settings):
     out = run_attempt(dataclasses.replace(settings, handoff_after_s=120.0), job)
     assert out.state == "SUCCEEDED" and not out.handed_off
     assert R.run(ledger, R.run_id_for(job, 1))["handed_off_at"] is None
+
+
+def test_a_run_killed_while_it_follows_then_hand_off_loses_and_repeats_nothing(settings, orbit_home, tmp_path):
+    """kill -9 of the launching run mid-follow (before it handed off); the re-attach run hands
+    the attempt off from offset 0 and the daemon's runs finish it: each checkpoint and metric
+    once, one instance billed once."""
+    from tests.reliability import inject
+    from tests.reliability.test_kills_and_disks import RUN_WORKER
+
+    ledger = settings.ledger()
+    job = submit(settings, "charlm-finetune", {"config.steps": 24, "checkpoint.every_steps": 4,
+                                               "checkpoint.interval_policy": "fixed"}, experiment="handoff-kill")
+    log = tmp_path / "worker.log"
+    # The launching run follows for its grace period (600 s here): it is killed inside it.
+    proc = inject.spawn(RUN_WORKER, str(orbit_home), job, log=log,
+                        env={"ORBIT_FOLLOW": "daemon", "ORBIT_HANDOFF_AFTER_S": "600"})
+    wait_for(lambda: ledger.scalar("SELECT count(*) FROM checkpoints WHERE job_id = ?", [job]) >= 2
+             or proc.poll() is not None, 180, 0.05, what="checkpoints registered by the launching run")
+    assert proc.poll() is None, log.read_text()[-2000:]
+    inject.sigkill(proc)
+    assert R.run(ledger, R.run_id_for(job, 1))["handed_off_at"] is None  # killed before it handed off
+    report = decide(settings, unfollowed, Watch())
+    assert [(d.action, d.job_id) for d in report.decisions] == [("reattach", job)]  # not handed off: re-attach
+    out = run_attempt(settings, job)
+    assert out.reattached and (out.handed_off or out.state == "SUCCEEDED")
+    until_settled(settings, job, Watch())
+    assert R.require_job(ledger, job)["state"] == "SUCCEEDED"
+    keys = [r["checkpoint_key"] for r in ledger.rows("SELECT checkpoint_key FROM checkpoints WHERE job_id = ?", [job])]
+    assert sorted(keys) == sorted(f"{job}/a1/{s}" for s in (4, 8, 12, 16, 20, 24))
+    assert ledger.scalar("""SELECT count(*) FROM (SELECT run_id, source, name, step FROM metric_points
+                            WHERE job_id = ? GROUP BY 1, 2, 3, 4 HAVING count(*) > 1)""", [job]) == 0
+    instances = ledger.rows("SELECT * FROM instances WHERE job_id = ? AND purpose = 'train'", [job])
+    assert len(instances) == 1 and instances[0]["stopped_at"] is not None
+    assert math.isclose(ledger.scalar("SELECT sum(usd) FROM costs WHERE job_id = ?", [job]),
+                        instances[0]["billed_usd"], rel_tol=1e-9)
+
+
+def test_two_runs_taking_up_the_same_attempt_at_once_close_it_once(settings):
+    """The same request twice: two re-attach runs (a sensor's and a retried one) take up one
+    handed-off attempt that has ended. One closes it; the other finds it closed."""
+    ledger = settings.ledger()
+    job = submit(settings, "charlm-finetune", {"config.steps": 16}, experiment="handoff-twice")
+    assert run_attempt(settings, job).handed_off
+    handle = RunHandle.model_validate_json(R.run(ledger, R.run_id_for(job, 1))["handle"])
+    provider = provider_for(settings, "sim_host_process")
+    wait_for(lambda: provider.status(handle).state == "exited", timeout=120)
+    runs = [Background(lambda: run_attempt(settings, job)) for _ in range(2)]
+    outs = [r.join() for r in runs]
+    assert sorted(o.state for o in outs) == ["SUCCEEDED", "SUCCEEDED"]
+    assert R.require_job(ledger, job)["state"] == "SUCCEEDED"
+    assert ledger.scalar("SELECT count(*) FROM job_states WHERE job_id = ? AND state = 'SUCCEEDED'", [job]) == 1
+    inst = ledger.rows("SELECT billed_usd, stopped_at FROM instances WHERE job_id = ? AND purpose = 'train'", [job])
+    assert len(inst) == 1 and inst[0]["stopped_at"] is not None
+    assert math.isclose(ledger.scalar("SELECT sum(usd) FROM costs WHERE job_id = ?", [job]), inst[0]["billed_usd"],
+                        rel_tol=1e-9)
+    assert ledger.scalar("""SELECT count(*) FROM (SELECT run_id, source, name, step FROM metric_points
+                            WHERE job_id = ? GROUP BY 1, 2, 3, 4 HAVING count(*) > 1)""", [job]) == 0
