@@ -201,7 +201,7 @@ def run(args) -> str:
                     results[scenario][sensor.name] = times
                     requests[scenario][sensor.name] = len(data.run_requests or [])
                     print(scenario, sensor.name, [round(x, 3) for x in times], len(data.run_requests or []), flush=True)
-                followed = _followed(instance)
+                followed = _followed(instance, settings)
                 profiles[f"reconcile ({scenario})"] = profile(lambda: reconcile(settings, followed=followed))
                 since = datetime.fromtimestamp(time.time() - 10, timezone.utc)
                 profiles[f"price feed ({scenario})"] = profile(

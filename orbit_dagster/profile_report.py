@@ -71,6 +71,11 @@ def describe(settings: Settings) -> dict[str, Any]:
         beats = daemon_heartbeats(settings)
     except Exception as exc:  # the report still says the rest
         beats, notes = {}, notes + [f"could not read daemon heartbeats: {type(exc).__name__}"]
+    launcher = (cfg.get("run_launcher") or {}).get("class")
+    if launcher != "OrbitRunLauncher":
+        notes.append(f"dagster.yaml's run launcher ({launcher or 'Dagster default'}) has no health checks, so run "
+                     "monitoring cannot fail a run whose worker died; the interruption sensor does it instead. "
+                     "Add the run_launcher block `orbit profile --config` shows")
     runs = (cfg.get("concurrency") or {}).get("runs") or {}
     retries = cfg.get("run_retries") or {}
     return {
@@ -89,6 +94,7 @@ def describe(settings: Settings) -> dict[str, Any]:
         "run_retries": int(retries.get("max_retries", 0)) if retries.get("enabled") else 0,
         "follow": settings.follow,
         "run_monitoring": bool((cfg.get("run_monitoring") or {}).get("enabled")),
+        "run_health_checks": launcher == "OrbitRunLauncher",
         "daemon_heartbeats_s": {k: round(v, 1) for k, v in sorted(beats.items())},
         "notes": notes,
     }
@@ -106,7 +112,8 @@ def format_report(r: dict[str, Any]) -> str:
         f"ledger:         {r['ledger']} ({r['ledger_kind']})",
         f"workspace:      {r['workspace']}",
         f"runs at once:   {r['max_concurrent_runs']}; pools: {pools}",
-        f"run retries:    {r['run_retries'] or 'off'}; run monitoring: {'on' if r['run_monitoring'] else 'off'}",
+        f"run retries:    {r['run_retries'] or 'off'}; run monitoring: {'on' if r['run_monitoring'] else 'off'}"
+        + ("; dead run workers detected (orbit's run launcher)" if r.get("run_health_checks") else ""),
         "trainings:      " + ("followed by the daemon between short runs (ORBIT_FOLLOW=daemon)"
                                if r["follow"] == "daemon" else "each followed by its run (ORBIT_FOLLOW=run)"),
         f"daemon:         {'running (' + ', '.join(alive) + ')' if alive else 'not running (orbit daemon / orbit ui)'}",

@@ -252,11 +252,20 @@ def render_dagster_yaml(profile: Profile) -> str:
             lines += [f"      - key: {TRAIN_POOL_TAG}", f"        value: {pool.name}",
                       f"        limit: {pool.train_limit}"]
     lines += [
-        "# A run stuck starting is failed; so is one whose run worker died (the code server sees it).",
+        "# Dagster's default launcher (runs as processes of the code server), plus health checks",
+        "# from orbit's liveness record of each run worker (run_launcher.py), so run monitoring",
+        "# fails a run whose worker died (SIGKILL, reboot) and gives its pool slot back.",
+        "run_launcher:",
+        "  module: orbit_dagster.run_launcher",
+        "  class: OrbitRunLauncher",
+        "# A run stuck starting is failed, and so is one whose worker is gone: within seconds on",
+        "# this machine, within ORBIT_WORKER_TIMEOUT_S (no heartbeat) for a worker elsewhere.",
         "run_monitoring:",
         "  enabled: true",
         "  poll_interval_seconds: 5",
-        "  start_timeout_seconds: 300",
+        "  start_timeout_seconds: 120",
+        "  cancel_timeout_seconds: 120",
+        "  max_resume_run_attempts: 0",
     ]
     if profile.name == "team":
         lines += [

@@ -109,6 +109,7 @@ class Child:
     thread: threading.Thread | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
     cut_off: int = 0  # lines of ticks cut off and tracebacks printed by the stop, omitted
+    dropped: int = 0  # lines the log file refused (a full disk)
 
     def start(self, env: dict[str, str]) -> "Child":
         self.proc = subprocess.Popen(self.argv, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
@@ -127,8 +128,13 @@ class Child:
             if self.stopping.is_set() and (CUT_OFF_TICK.search(kept) or not LOG_LINE.match(kept)):
                 self.cut_off += 1
                 continue
-            self.out.write(kept)
-            self.out.flush()
+            try:
+                self.out.write(kept)
+                self.out.flush()
+            except OSError:
+                # The log's disk is full: the line is lost, but the pipe must keep draining,
+                # or the child blocks writing its output and every sensor stops with it.
+                self.dropped += 1
 
     def terminate(self) -> None:
         self.stopping.set()

@@ -55,11 +55,19 @@ class PostgresCluster:
 
     def start(self) -> "PostgresCluster":
         self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-A", "trust", "-U", self.user, "-E", "UTF8")
+        self._serve()
+        return self
+
+    def _serve(self) -> None:
         options = (f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 -c max_connections=200 "
                    "-c fsync=on -c shared_buffers=64MB")
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.data / "log"),
                   "-w", "-t", "60", "start")
-        return self
+
+    def crash_restart(self) -> None:
+        """PostgreSQL killed as a crash would (`-m immediate`: no checkpoint, recovery on start)."""
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        self._serve()
 
     def stop(self) -> None:
         try:

@@ -9,6 +9,11 @@
 | instance metered, attempt ended | the run that ended it         | stopped and billed |
 | evaluation RUNNING    | its evaluation run                      | see `evaluate.reconcile_evaluations` |
 
+"A live run" is one whose worker process lives (control/liveness.py): a run left STARTED by a
+SIGKILLed worker, a killed code server or a reboot owns nothing, so after any death of the
+control plane the next ticks take up what it left: re-attach (host up, from the recorded
+offset), close and bill (host gone, or workload ended), requeue.
+
 `decide()` only reads (and records notices as soon as a provider publishes them); every
 decision that rents, releases or requeues is a `Decision` the Dagster sensor turns into a
 run that carries it out (`act()`), so each has a run record with its tags. `reconcile()`

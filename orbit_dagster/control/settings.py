@@ -71,6 +71,9 @@ class Settings:
     follow: str = "run"
     handoff_after_s: float = 60.0
     follow_every_s: float = 300.0
+    # A run worker on another machine is dead once no heartbeat came for this long (one on
+    # this machine is judged by its process at once: control/liveness.py).
+    worker_timeout_s: float = 60.0
 
     @classmethod
     def from_env(cls, home: str | Path | None = None) -> "Settings":
@@ -104,6 +107,7 @@ class Settings:
             follow=follow_mode(),
             handoff_after_s=_seconds("ORBIT_HANDOFF_AFTER_S", 60.0, zero_ok=True),
             follow_every_s=_seconds("ORBIT_FOLLOW_EVERY_S", 300.0),
+            worker_timeout_s=_seconds("ORBIT_WORKER_TIMEOUT_S", 60.0),
         )
 
     @property

@@ -64,12 +64,17 @@ def _v4_handoff(tx: Tx) -> None:
             tx.conn.exec_driver_sql(f"ALTER TABLE runs ADD COLUMN {name} {type_}")
 
 
+def _v6_run_workers(tx: Tx) -> None:
+    metadata.create_all(tx.conn, tables=[TABLES["run_workers"].table], checkfirst=True)
+
+
 # (version, what it does, the change). Append only: a released migration never changes.
 MIGRATIONS: list[tuple[int, str, Callable[[Tx], None]]] = [
     (1, "transactional ledger: tables, indexes, views", _v1_initial),
     (2, "cost totals and latest evaluation values kept on write", _v2_rollups),
     (3, "latest evaluation values with their checkpoint's lineage and deletion", _v3_eval_latest_lineage),
     (4, "where a handed-off attempt's following resumes", _v4_handoff),
+    (6, "each run worker's liveness record", _v6_run_workers),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -167,6 +167,12 @@ TABLES: dict[str, TableSpec] = {t.name: t for t in [
            col("metric_mode"), col("metric_value", F), col("metric_source"), col("resolved_from"),
            col("candidates", I), col("evaluations", I),
            sa.PrimaryKeyConstraint("experiment", "computed_at"), key=("experiment", "computed_at")),
+    # Each Dagster run worker's liveness (control/liveness.py): which process on which machine
+    # (and boot) does the run's work, its last heartbeat, and when it left. A run is followed
+    # only while its worker lives.
+    _table("run_workers", col("dagster_run_id", primary_key=True), col("host"), col("boot"), col("pid", I),
+           col("pid_start", I), col("started_at", F), col("heartbeat_at", F), col("ended_at", F),
+           key=("dagster_run_id",), on_conflict="update"),
     _table("decisions", col("decision_id", primary_key=True), col("job_id"), col("attempt", I), col("kind"),
            col("chosen"), col("runner_up"), col("inputs"), col("ts", F),
            key=("decision_id",), indexes=(("job_id", "kind"),)),

@@ -165,8 +165,11 @@ class SimProvider:
         stopped = state.get("stopped_at")
         reason = state.get("reason")
         if stopped is None and not self.instance_alive(instance):
-            # Vanished without a goodbye: the meter stopped at its last heartbeat.
+            # Vanished without a goodbye: the meter stopped at its last heartbeat, and a
+            # vanished machine takes its processes with it (a host process killed alone
+            # would leave its workload training into the store for an attempt that is over).
             stopped, reason = state.get("heartbeat_at"), "host lost"
+            self._sweep(instance.instance_id, state)
         return InstanceTimes(started_at=_ts(state["started_at"]), stopped_at=_ts(stopped), reason=reason)
 
     def terminate(self, instance: InstanceHandle, reason: str) -> InstanceTimes:
@@ -181,6 +184,21 @@ class SimProvider:
                     break
                 time.sleep(0.05)
         return self.instance_times(instance)
+
+    def _sweep(self, instance_id: str, state: dict) -> None:
+        """SIGKILL what is left of a vanished host: its process group's members that run
+        from its directory (the group outlives a host process killed on its own)."""
+        pgid, token = state.get("pid"), str(self._dir(instance_id)).encode()
+        if not pgid:
+            return
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                if os.getpgid(int(proc.name)) == int(pgid) and token in (proc / "cmdline").read_bytes():
+                    os.kill(int(proc.name), signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue
 
     def kill(self, instance: InstanceHandle) -> None:
         """Chaos: the machine vanishes with no notice (SIGKILL to the host and its workload)."""
@@ -262,6 +280,7 @@ class SimProvider:
             return RunStatus(state="exited", exit_code=rc, failure_class="infrastructure",
                              reason=f"agent ended without an exit file (rc {rc})")
         if not self.instance_alive(run.instance):
+            self._sweep(run.instance.instance_id, state)  # before anyone scans its store: nothing more lands
             return RunStatus(state="lost", failure_class="reclaim", reason=state.get("reason") or "host lost (no heartbeat)")
         return RunStatus(state="running" if (d / "child.json").exists() else "starting")
 

@@ -90,7 +90,12 @@ class Host:
     # ---- lifecycle ----------------------------------------------------------------
     def save_state(self, **changes) -> None:
         self.state.update(changes)
-        write_json(self.root / "state.json", self.state)
+        try:
+            write_json(self.root / "state.json", self.state)
+        except OSError:
+            # A full disk does not stop a machine: the file is written again at the next
+            # heartbeat (a real VM's meter runs on whatever its disk holds).
+            (self.root / f"state.json.tmp{os.getpid()}").unlink(missing_ok=True)
 
     def maybe_launch(self) -> None:
         req = self.root / "launch.json"
@@ -108,7 +113,10 @@ class Host:
 
     def reap(self) -> None:
         if self.child is not None and self.child.poll() is not None and not (self.root / "child_exit.json").exists():
-            write_json(self.root / "child_exit.json", {"returncode": self.child.returncode, "at": time.time()})
+            try:
+                write_json(self.root / "child_exit.json", {"returncode": self.child.returncode, "at": time.time()})
+            except OSError:  # a full disk: tried again at the next tick
+                (self.root / f"child_exit.json.tmp{os.getpid()}").unlink(missing_ok=True)
 
     def stop_child(self, grace_s: float) -> None:
         if self.child is None or self.child.poll() is not None:

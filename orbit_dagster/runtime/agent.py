@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
         reason = f"exit {code}"
     except BaseException as exc:  # noqa: BLE001 - every failure is classified and reported
         code, reason = classify_exception(exc)
-        (artifacts / "traceback.txt").write_text(traceback.format_exc())
+        _best_effort(lambda: (artifacts / "traceback.txt").write_text(traceback.format_exc()))
         if code == EXIT_PREEMPTED and ctx is not None:
             try:
                 ctx.close()
@@ -245,12 +245,25 @@ def run(args: argparse.Namespace) -> int:
         exit_info = {"code": code, "failure_class": failure_class, "reason": reason, "seconds": round(time.time() - t0, 3)}
         if ctx is not None:
             exit_info["last_step"] = ctx.last_step
-        events.emit("exit", **exit_info)
-        tmp = artifacts / "exit.json.tmp"
-        tmp.write_text(json.dumps(exit_info))
-        tmp.rename(artifacts / "exit.json")
-        (artifacts / "exit_code").write_text(f"{code}\n")
+        # On a full disk these writes may fail too: the exit code alone then carries the
+        # failure class to the host (74: infrastructure), so it must still be the one returned.
+        _best_effort(lambda: events.emit("exit", **exit_info))
+        _best_effort(lambda: _write_exit(artifacts, exit_info))
     return code
+
+
+def _write_exit(artifacts: Path, exit_info: dict) -> None:
+    tmp = artifacts / "exit.json.tmp"
+    tmp.write_text(json.dumps(exit_info))
+    tmp.rename(artifacts / "exit.json")
+    (artifacts / "exit_code").write_text(f"{exit_info['code']}\n")
+
+
+def _best_effort(write) -> None:
+    try:
+        write()
+    except OSError as exc:
+        print(f"orbit agent: could not write its exit record ({exc}); the exit code still says it", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,7 +13,7 @@ from ..control.capacity import capacity
 from ..control.evaluate import eval_run_key, pending_evaluations, skip_deleted, stale_evaluations
 from ..jobs import eval_job
 from ..ops.rental import abandoned_eval_request, rental_job
-from ..ops.runs import IN_PROGRESS, in_flight_tags, tag_limits
+from ..ops.runs import IN_PROGRESS, in_flight_tags, tag_limits, verdicts
 from ..profiles import pool_tags
 from ..resources import OrbitResource
 
@@ -21,12 +21,15 @@ BATCH = 50  # sensors time out at 60 s; partition-key validation of many request
 ALIVE = set(IN_PROGRESS) | {dg.DagsterRunStatus.CANCELING}
 
 
-def run_alive(instance: dg.DagsterInstance):
+def run_alive(instance: dg.DagsterInstance, settings):
+    """Whether an evaluation's run still works on it: in progress and its worker alive."""
     def alive(run_id: str | None) -> bool:
         if not run_id:
             return False
-        run = instance.get_run_by_id(run_id)
-        return run is not None and run.status in ALIVE
+        records = list(instance.get_run_records(dg.RunsFilter(run_ids=[run_id])))
+        if not records or records[0].dagster_run.status not in ALIVE:
+            return False
+        return verdicts(instance, settings.ledger(), records, timeout_s=settings.worker_timeout_s)[run_id].working
 
     return alive
 
@@ -45,7 +48,7 @@ def eval_request(row: dict, **tags: str) -> dg.RunRequest:
                        "evaluation whose run died.")
 def checkpoint_evaluation_sensor(context: dg.SensorEvaluationContext, orbit: OrbitResource) -> dg.SensorResult:
     settings = orbit.settings()
-    stale = stale_evaluations(settings, run_alive(context.instance))
+    stale = stale_evaluations(settings, run_alive(context.instance, settings))
     skip_deleted(settings)
     ledger = settings.ledger()
     room = capacity(ledger, tag_limits(context.instance), in_flight_tags(context.instance))

@@ -16,7 +16,7 @@ import dagster as dg
 from ..control.reconcile import decide
 from ..jobs import train_job
 from ..ops.rental import decision_request, rental_job
-from ..ops.runs import IN_PROGRESS
+from ..ops.runs import IN_PROGRESS, verdicts
 from ..profiles import job_pools, pool_tags
 from ..resources import AwsSpotResource, OrbitResource, SimMarketResource, SshRentalResource, active
 
@@ -29,12 +29,23 @@ RETRY_GRACE_S = 300
 REATTACH_PER_TICK = 50
 
 
-def _followed(instance: dg.DagsterInstance):
-    """Whether a live run follows a job: one query for all of them, not one per job."""
-    live = {r.dagster_run.tags.get("dagster/partition") for r in instance.get_run_records(
-        dg.RunsFilter(statuses=IN_PROGRESS, job_name="train_job"))}
-    live |= {r.dagster_run.tags.get("dagster/partition") for r in instance.get_run_records(
-        dg.RunsFilter(statuses=IN_PROGRESS, job_name="__ASSET_JOB"))}
+def _followed(instance: dg.DagsterInstance, settings):
+    """Whether a run whose worker lives follows a job: one query for all of them, not one per job.
+
+    A training run counts only while its worker process lives (ops/runs.py `verdicts`): a
+    run left STARTED by a SIGKILLed worker, a killed code server or a reboot follows
+    nothing, and its attempt is taken up again (re-attached, or closed if its host is gone).
+    Run monitoring fails such a run through orbit's launcher; under a dagster.yaml that
+    names another launcher, this sensor reports it failed itself, so its slot is freed."""
+    ledger = settings.ledger()
+    records = [r for job in ("train_job", "__ASSET_JOB")
+               for r in instance.get_run_records(dg.RunsFilter(statuses=IN_PROGRESS, job_name=job))]
+    judged = verdicts(instance, ledger, records, timeout_s=settings.worker_timeout_s)
+    live = {r.dagster_run.tags.get("dagster/partition") for r in records if judged[r.dagster_run.run_id].working}
+    if not instance.run_launcher.supports_check_run_worker_health:
+        for r in records:
+            if not judged[r.dagster_run.run_id].alive:
+                instance.report_run_failed(r.dagster_run, f"orbit: {judged[r.dagster_run.run_id].why}")
     # A run worker that crashed, which Dagster's run retries (the team profile) will run
     # again: that retry re-attaches, so a second follower is not requested meanwhile.
     live |= {r.dagster_run.tags.get("dagster/partition") for r in instance.get_run_records(
@@ -53,15 +64,16 @@ def _followed(instance: dg.DagsterInstance):
                        "every release, bill or requeue it decides.")
 def spot_interruption_sensor(context: dg.SensorEvaluationContext, orbit: OrbitResource, sim_market: SimMarketResource,
                              ssh_rental: SshRentalResource, aws_spot: AwsSpotResource):
+    settings = orbit.settings()
     with active(sim_market, ssh_rental, aws_spot):
-        report = decide(orbit.settings(), followed=_followed(context.instance))
+        report = decide(settings, followed=_followed(context.instance, settings))
     for line in report.lines():
         context.log.info(line)
     reattach = sorted(report.reattach, key=lambda d: (d.job_id, d.attempt))
     later = set(reattach[REATTACH_PER_TICK:])
     if later:
         context.log.info(f"{len(later)} more attempts to re-attach on the next ticks")
-    pools = job_pools(orbit.settings().ledger(), [d.job_id for d in reattach[:REATTACH_PER_TICK]])
+    pools = job_pools(settings.ledger(), [d.job_id for d in reattach[:REATTACH_PER_TICK]])
     for d in report.decisions:
         if d in later:
             continue

@@ -12,6 +12,7 @@ import pytest
 
 from orbit_dagster.cli import main
 from orbit_dagster.control.attempt import outcome_of, run_attempt
+from orbit_dagster.control.liveness import process_start
 from orbit_dagster.control.providers import provider_for
 from orbit_dagster.control.reconcile import reconcile
 from orbit_dagster.control.submit import cancel, submit
@@ -203,6 +204,32 @@ def test_defect_8_a_sigkilled_sim_host_is_a_reclaim_as_on_ssh(settings):
     assert ssh_run_status({"launched": True}).failure_class == "reclaim"
     assert class_of_exit(None, killed_by_signal=True).value == "reclaim"
     assert ledger.scalar("SELECT count(*) FROM instances WHERE job_id = ? AND stopped_at IS NULL", [job]) == 0
+
+
+@pytest.mark.fault("SIGKILL of a sim host's process alone (not its process group) mid-training",
+                   expect="a reclaim: the attempt ends LOST; the workload it left is ended with it, so nothing more "
+                          "lands in the store for the ended attempt; every checkpoint in the store registered")
+def test_a_host_killed_without_its_process_group_leaves_no_workload_training(settings):
+    """Old code: the agent kept training after the attempt was closed, writing checkpoints of
+    an ended attempt into the store that nothing registered."""
+    ledger = settings.ledger()
+    job = submit(settings, "charlm-finetune", {"config.steps": 400, "checkpoint.every_steps": 8})
+    bg = Background(lambda: run_attempt(settings, job, poll_s=0.1))
+    run = _running(settings, job, 1)
+    instance = RunHandle.model_validate_json(run["handle"]).instance
+    d = settings.sim_dir / "instances" / instance.instance_id
+    host_pid = json.loads((d / "state.json").read_text())["pid"]
+    agent_pid = int(json.loads((d / "child.json").read_text())["pid"])
+    os.kill(host_pid, signal.SIGKILL)  # the host process only: its workload would live on
+    first = bg.join()
+    assert (first.state, first.failure_class) == ("LOST", "reclaim"), first
+    wait_for(lambda: process_start(agent_pid) is None, 30, what="the left-behind workload ended")
+    stored = {uri.rstrip("/").rsplit("/", 1)[-1] for uri in open_store(settings.store_uri).list(job)}
+    time.sleep(2.0)  # a live workload would write its next checkpoint (every 8 steps) meanwhile
+    assert {uri.rstrip("/").rsplit("/", 1)[-1] for uri in open_store(settings.store_uri).list(job)} == stored
+    registered = {r["uri"].rstrip("/").rsplit("/", 1)[-1] for r in R.checkpoints(ledger, job, live_only=False)}
+    assert stored == registered
+    cancel(settings, job)
 
 
 @pytest.mark.fault("defect 8: the host's disk fills up under the checkpoint store (16 MiB tmpfs)",

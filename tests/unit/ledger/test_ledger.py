@@ -143,7 +143,7 @@ def test_migration_4_gives_an_older_ledgers_runs_the_hand_off_columns(tmp_path):
     con.commit()
     con.close()
     reopened = Ledger(url(tmp_path))
-    assert migrate(reopened) == 3 and current_version(reopened) == LATEST == 4
+    assert migrate(reopened) == 3 and current_version(reopened) == LATEST
     assert reopened.one("SELECT run_id, state, handed_off_at, follow_offset FROM runs") == {
         "run_id": "j/1", "state": "RUNNING", "handed_off_at": None, "follow_offset": None}
 
@@ -225,3 +225,17 @@ def test_a_parquet_ledger_home_is_upgraded_once_and_kept(tmp_path):
     assert ledger.one("SELECT checkpoint_key, experiment FROM checkpoints") == {"checkpoint_key": "j/40", "experiment": "e"}
     assert ledger.scalar("SELECT sum(usd) FROM cost_by_job") == 5.0
     assert (tmp_path / "l" / "segments.bak").is_dir() and not segments.exists()
+
+
+def test_migration_6_gives_an_older_ledger_the_run_workers_table(tmp_path):
+    ledger = fresh(tmp_path)
+    new_job(ledger)
+    con = sqlite3.connect(tmp_path / "l" / "ledger.sqlite")  # as version 4 left it
+    con.execute("DROP TABLE run_workers")
+    con.execute("DELETE FROM schema_migrations WHERE version >= 6")
+    con.commit()
+    con.close()
+    reopened = Ledger(url(tmp_path))
+    assert migrate(reopened) < 6 and current_version(reopened) == LATEST
+    assert reopened.scalar("SELECT count(*) FROM run_workers") == 0
+    assert reopened.scalar("SELECT count(*) FROM jobs") == 1
