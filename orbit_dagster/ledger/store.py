@@ -188,6 +188,8 @@ def _sqlite_engine(path: Path) -> sa.Engine:
         exc = ctx.original_exception
         if isinstance(exc, sqlite3.DatabaseError) and is_corruption(str(exc)):
             return damaged(str(path), f"damaged: SQLite says \"{' '.join(str(exc).split())[:200]}\"")
+        if isinstance(exc, sqlite3.OperationalError) and "unable to open database file" in str(exc):
+            return _cannot_open(path)
         return None
 
     @sa.event.listens_for(engine, "begin")
@@ -197,6 +199,23 @@ def _sqlite_engine(path: Path) -> sa.Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("orbit_write") else "BEGIN")
 
     return engine
+
+
+def _cannot_open(path: Path) -> OSError | None:
+    """Why SQLite could not open the ledger, as the OSError it stands for (the CLI names the
+    fix for those): a read-only file system, or a directory this user may not write (SQLite
+    must create the `-wal` and `-shm` files beside a ledger it opens)."""
+    import errno
+
+    where = path.parent if path.parent.exists() else path
+    try:
+        if os.statvfs(where).f_flag & os.ST_RDONLY:
+            return OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+    except OSError:
+        return None
+    if not os.access(where, os.W_OK):
+        return PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path.parent))
+    return None
 
 
 def _postgres_engine(url: str) -> sa.Engine:

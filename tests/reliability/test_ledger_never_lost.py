@@ -244,6 +244,7 @@ def test_a_backup_while_another_process_writes_is_whole(settings, orbit_home, tm
         wait_for(lambda: len(log.read_text().split()) >= 4 or writer.poll() is not None, 120, what="the writer")
         assert writer.poll() is None, log.read_text()
         committed = inject.count(db, "SELECT count(*) FROM events WHERE kind = 'load'")
+        (tmp_path / "copies").mkdir()
         proc = orbit("ledger", "backup", str(tmp_path / "copies"), home=orbit_home)
         assert proc.returncode == 0, proc.stderr
         written = inject.count(db, "SELECT count(*) FROM events WHERE kind = 'load'")
@@ -312,3 +313,24 @@ def test_repair_brings_back_a_trained_job_whose_retry_resumes_from_its_newest_ch
     assert out.state == "SUCCEEDED", out.reason
     assert R.run(settings.ledger(), R.run_id_for(job, 2))["resume_from"] == keys[2]
 
+
+
+def test_sqlite_damage_that_reaches_the_cli_unwrapped_names_the_ledger_only_when_it_is_the_ledger(
+        settings, orbit_home, monkeypatch):
+    """A defect of ours that lets SQLite's own error through, in-process (a mock of one function)."""
+    from tests.security.test_cli_errors import run_main
+
+    import orbit_dagster.control.submit as submit_module
+
+    def boom(*_a, **_k):
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    monkeypatch.setattr(submit_module, "submit", boom)
+    code, err = run_main(["submit", "charlm-finetune"])  # the ledger is whole: some other SQLite file
+    assert code == 1 and err.startswith("internal error (DatabaseError)"), err
+    settle(settings)
+    db = inject.sqlite_path(orbit_home)
+    corrupt_jobs_page(db)
+    code, err = run_main(["submit", "charlm-finetune"])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"the ledger {db} is damaged" in err and "orbit ledger repair" in err
