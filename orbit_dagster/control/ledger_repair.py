@@ -81,7 +81,8 @@ class RepairReport:
             out.append(f"not recoverable: {NOT_RECOVERABLE}")
         if self.remaining:
             out.append(f"still {len(self.remaining)} finding(s) repair cannot mend (files that do not verify or are "
-                       "gone, or bundles of a job the ledger knows at an attempt it cannot tell):")
+                       "gone, checkpoints of a job no bundle names, or a bundle of a job the ledger knows, for an "
+                       "attempt it cannot tell):")
             out += [f"  {f.kind}: {f.subject}: {f.detail}" for f in self.remaining]
         else:
             out.append("the ledger and the disk agree (`orbit ledger check` exits 0)")

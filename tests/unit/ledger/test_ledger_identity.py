@@ -234,3 +234,28 @@ def test_the_record_is_one_json_file_naming_each_location(tmp_path):
     open_home(home)
     body = json.loads((home / RECORD).read_text())
     assert "docs/reliability.md" in body["about"] and set(body["ledgers"]) == {"sqlite:ledger/ledger.sqlite"}
+
+
+
+def test_an_older_ledger_left_by_a_power_cut_with_its_pages_in_the_log_opens_whole(tmp_path):
+    """An older orbit-dagster made its ledger in place: until a checkpoint the file holds one
+    page and the write-ahead log the rest; after a power cut, that is what the disk holds."""
+    from orbit_dagster.ledger.migrations import _apply
+
+    made = tmp_path / "made" / "ledger.sqlite"
+    made.parent.mkdir()
+    old = Ledger(f"sqlite:///{made}")
+    _apply(old)  # in place, as before
+    old.append("events", R.event("kept", job_id="j"))
+    holder = sqlite3.connect(made)  # another process still holding it: no checkpoint on close
+    holder.execute("SELECT count(*) FROM events").fetchone()
+    home = tmp_path / "home"
+    (home / "ledger").mkdir(parents=True)
+    for suffix in ("", "-wal"):  # the two files as a disk holds them after the power cut
+        shutil.copyfile(f"{made}{suffix}", f"{db(home)}{suffix}")
+    holder.close()
+    old.dispose()
+    assert db(home).stat().st_size < db(home).with_name("ledger.sqlite-wal").stat().st_size
+    ledger = fresh_process_open(home)  # adopted, nothing lost
+    assert ledger.scalar("SELECT count(*) FROM events WHERE kind = 'kept'") == 1
+    assert read_record(home)["sqlite:ledger/ledger.sqlite"]["ledger_id"] == read_id(ledger)
