@@ -4,6 +4,9 @@
 - a full, over-quota, read-only or forbidden disk, or any other OSError: the path and the
   fix (exit 2). SQLite and DuckDB report a full disk in words rather than as an OSError;
   those words are recognised too;
+- SQLite's words for a damaged database ("database disk image is malformed", "file is not
+  a database") that reach here unwrapped (the ledger's own engine already turns them into
+  `LedgerDamaged`): when the ledger is what is damaged, the ledger's line (exit 2);
 - anything else is a defect of ours: `internal error (<Type>): <msg>; details in <log>`
   (exit 1), the traceback appended to `$ORBIT_HOME/logs/cli-errors.log` when the disk allows.
 """
@@ -59,6 +62,9 @@ def describe_failure(exc: BaseException, argv: list[str]) -> tuple[str, int]:
 
     if isinstance(exc, ValidationError):
         return validation_line(exc), 2
+    damaged = ledger_damage_line(exc)
+    if damaged is not None:
+        return damaged, 2
     disk = disk_error(exc)
     if disk is not None:
         code, path = disk
@@ -72,6 +78,36 @@ def validation_line(exc) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     value = "" if err["type"] == "missing" else f" (value: {show(err.get('input'))})"
     return f"error: invalid {exc.title} field {field!r}: {msg}{value}; fix: correct {field}"
+
+
+def ledger_damage_line(exc: BaseException) -> str | None:
+    """The ledger's one line when `exc` is SQLite reporting damage and the ledger is damaged.
+
+    Another SQLite file (Dagster's own storage) may be the damaged one: the ledger is then
+    checked (`quick_check`, on this error path only) and named only if it fails."""
+    from .ledger.health import is_corruption
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and not is_corruption(str(current)):
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    if current is None or id(current) in seen:
+        return None
+    try:
+        from .control.settings import Settings
+        from .ledger import Ledger
+        from .ledger.identity import inspect
+
+        settings = Settings.from_env()
+        ledger = Ledger(settings.ledger_url, home=settings.home)
+        try:
+            verdict = inspect(ledger, deep=True)
+        finally:
+            ledger.dispose()
+    except Exception:  # noqa: BLE001 - the ledger cannot be judged: the caller's internal-error line
+        return None
+    return f"error: {verdict.error}" if verdict.state == "damaged" and verdict.error is not None else None
 
 
 def disk_error(exc: BaseException) -> tuple[int, str] | None:

@@ -52,13 +52,16 @@ def submit(settings: Settings, template_name: str, overrides: dict[str, Any] | N
     template, sub = validate_submission(settings, template_name, overrides, experiment=experiment, project=project)
     overrides = dict(sub.overrides)
     job_id = f"{template.name}-{uuid.uuid4().hex[:8]}"
+    # The ledger before the bundle: a damaged or lost ledger is refused before anything is
+    # written, and a new home's ledger exists before its first bundle (identity.py).
+    ledger = settings.ledger()
     bundle = build_bundle(template, sub, job_id, settings.bundles_dir)
     lineage = next_lineage(None, template, 1, from_scratch=True)
     job_row = {"job_id": job_id, "template": template.name, "template_version": template.version,
                "kind": template.kind, "experiment": experiment, "project": project, "placement": template.placement,
                "max_interruptions": template.max_interruptions, "imported": 0, "created_at": utcnow(),
                "lineage": lineage}
-    with settings.ledger().write() as tx:
+    with ledger.write() as tx:
         ensure_experiment(tx, experiment, project, template)
         R.insert_job(tx, job_row, [R.state_row(job_id, 1, JobState.CREATED, reason="submitted"),
                                    R.state_row(job_id, 1, JobState.QUEUED, reason="submitted",

@@ -1,4 +1,5 @@
 """The ledger: a transactional store (SQLite or PostgreSQL) with DuckDB as its SQL face."""
-from .store import Ledger, LedgerError, as_datetime, epoch, utcnow
+from .errors import LedgerDamaged, LedgerError, LedgerIdentityError
+from .store import Ledger, as_datetime, epoch, utcnow
 
-__all__ = ["Ledger", "LedgerError", "as_datetime", "epoch", "utcnow"]
+__all__ = ["Ledger", "LedgerError", "LedgerDamaged", "LedgerIdentityError", "as_datetime", "epoch", "utcnow"]

@@ -5,16 +5,24 @@ ones in order, each in its own transaction, under the database's write lock (SQL
 advisory lock (PostgreSQL), so two processes opening a new ledger at once migrate it once.
 A ledger newer than this code is refused; so is a home from before the transactional
 ledger (Parquet commit folders), with the command that converts it.
+
+A new SQLite ledger is made whole under a temporary name and linked into place, so a
+ledger file that exists is always a migrated ledger: one that is empty, cut short or
+without tables was damaged, and is refused (`health.py`), never migrated over.
 """
 from __future__ import annotations
 
+import os
 import time
+import uuid
 from pathlib import Path
 from typing import Callable
 
 import sqlalchemy as sa
 
 from . import rollups
+from .errors import damaged
+from .health import fsync_dir, probe
 from .schema import TABLES, VIEWS, metadata, view_sql
 from .store import Ledger, LedgerError, Tx
 
@@ -64,6 +72,15 @@ def _v4_handoff(tx: Tx) -> None:
             tx.conn.exec_driver_sql(f"ALTER TABLE runs ADD COLUMN {name} {type_}")
 
 
+def _v5_identity(tx: Tx) -> None:
+    # One row: the id homes record (identity.py) to tell this ledger from a swapped or reset one.
+    tx.conn.exec_driver_sql("CREATE TABLE IF NOT EXISTS ledger_identity (ledger_id TEXT PRIMARY KEY, "
+                            "created_at DOUBLE PRECISION)")
+    if not tx.scalar("SELECT count(*) FROM ledger_identity"):
+        tx.execute("INSERT INTO ledger_identity (ledger_id, created_at) VALUES (?, ?)",
+                   [str(uuid.uuid4()), time.time()])
+
+
 def _v6_run_workers(tx: Tx) -> None:
     metadata.create_all(tx.conn, tables=[TABLES["run_workers"].table], checkfirst=True)
 
@@ -74,6 +91,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Tx], None]]] = [
     (2, "cost totals and latest evaluation values kept on write", _v2_rollups),
     (3, "latest evaluation values with their checkpoint's lineage and deletion", _v3_eval_latest_lineage),
     (4, "where a handed-off attempt's following resumes", _v4_handoff),
+    (5, "the ledger's identity", _v5_identity),
     (6, "each run worker's liveness record", _v6_run_workers),
 ]
 LATEST = MIGRATIONS[-1][0]
@@ -104,9 +122,64 @@ def refuse_legacy_home(ledger: Ledger) -> None:
                 "or point ORBIT_HOME at a new directory")
 
 
+TEMP_MAX_AGE_S = 3600.0
+
+
+def _create_sqlite(path: Path) -> None:
+    """Make a new ledger at `path`: migrated under a temporary name, then hard-linked into
+    place, which fails if another process made it first (theirs is kept, ours dropped)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for old in path.parent.glob(f".{path.name}.new-*"):  # left by a process killed while making one
+        try:
+            if time.time() - old.stat().st_mtime > TEMP_MAX_AGE_S:
+                old.unlink()
+        except FileNotFoundError:
+            continue
+    tmp = path.with_name(f".{path.name}.new-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    fresh = Ledger(f"sqlite:///{tmp}")
+    try:
+        _apply(fresh)
+        fresh.dispose()  # the last connection closes: its write-ahead log is folded in and removed
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: a rename, where nothing is yet
+            if not path.exists():
+                os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        fresh.dispose()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{tmp}{suffix}").unlink(missing_ok=True)
+
+
 def migrate(ledger: Ledger) -> int:
-    """Bring the ledger to LATEST; returns the version it was at."""
+    """Bring the ledger to LATEST; returns the version it was at (0: made now)."""
     refuse_legacy_home(ledger)
+    if ledger.path is not None:
+        state = probe(ledger.path)
+        if state.damaged:
+            raise state.error(ledger.path)
+        if not state.exists:
+            _create_sqlite(ledger.path)
+            return 0
+        if not _has_schema(ledger):
+            raise damaged(ledger.display, "a SQLite database without the ledger's tables (emptied, or never a ledger)")
+    return _apply(ledger)
+
+
+def _has_schema(ledger: Ledger) -> bool:
+    with ledger.read() as tx:
+        return sa.inspect(tx.conn).has_table("schema_migrations")
+
+
+def _apply(ledger: Ledger) -> int:
     before = current_version(ledger)
     if before > LATEST:
         raise LedgerError(f"the ledger at {ledger.display} has schema version {before}, newer than this "

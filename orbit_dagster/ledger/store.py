@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 import threading
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -25,6 +26,8 @@ import sqlalchemy as sa
 
 from ..core.errors import OrbitError
 from . import rollups
+from .errors import LedgerDamaged, LedgerError, damaged
+from .health import is_corruption
 from .schema import TABLES
 
 SQLITE_BUSY_TIMEOUT_S = 30.0
@@ -48,10 +51,6 @@ def as_datetime(value: float | datetime | None) -> datetime | None:
     if value is None or isinstance(value, datetime):
         return value
     return datetime.fromtimestamp(float(value), timezone.utc)
-
-
-class LedgerError(OrbitError):
-    pass
 
 
 _PLACEHOLDER = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"])*\"|\?")
@@ -182,6 +181,17 @@ def _sqlite_engine(path: Path) -> sa.Engine:
         cur.execute("PRAGMA cache_size=-32768")
         cur.close()
 
+    @sa.event.listens_for(engine, "handle_error")
+    def _damaged(ctx) -> BaseException | None:
+        # SQLite's words for pages that are not a database, wherever they surface (a query, a
+        # commit, a connection's first pragma): the file and the fix instead of a traceback.
+        exc = ctx.original_exception
+        if isinstance(exc, sqlite3.DatabaseError) and is_corruption(str(exc)):
+            return damaged(str(path), f"damaged: SQLite says \"{' '.join(str(exc).split())[:200]}\"")
+        if isinstance(exc, sqlite3.OperationalError) and "unable to open database file" in str(exc):
+            return _cannot_open(path)
+        return None
+
     @sa.event.listens_for(engine, "begin")
     def _begin(conn) -> None:
         # A write takes the lock first: two writers that each read-then-write never
@@ -189,6 +199,23 @@ def _sqlite_engine(path: Path) -> sa.Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("orbit_write") else "BEGIN")
 
     return engine
+
+
+def _cannot_open(path: Path) -> OSError | None:
+    """Why SQLite could not open the ledger, as the OSError it stands for (the CLI names the
+    fix for those): a read-only file system, or a directory this user may not write (SQLite
+    must create the `-wal` and `-shm` files beside a ledger it opens)."""
+    import errno
+
+    where = path.parent if path.parent.exists() else path
+    try:
+        if os.statvfs(where).f_flag & os.ST_RDONLY:
+            return OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+    except OSError:
+        return None
+    if not os.access(where, os.W_OK):
+        return PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path.parent))
+    return None
 
 
 def _postgres_engine(url: str) -> sa.Engine:
@@ -211,6 +238,7 @@ class Ledger:
     def __init__(self, url: str, *, home: Path | None = None):
         self.url = url
         self.home = Path(home) if home else None
+        self._face_checked = False
         self.dialect = sa.engine.make_url(url).get_backend_name()
         if self.dialect == "sqlite":
             self.path: Path | None = Path(sa.engine.make_url(url).database or "").resolve()
@@ -222,27 +250,54 @@ class Ledger:
             raise LedgerError(f"unsupported ledger database {self.dialect!r}", field="ORBIT_LEDGER_URL", value=url,
                               fix="use sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB")
 
+    _admitted: set[tuple[int, str, str]] = set()
+
     @classmethod
     def open(cls, url: str, *, home: Path | None = None) -> "Ledger":
-        """The ledger at `url`, migrated to this code's schema, shared within this process."""
+        """The ledger at `url`, checked (identity.py: not damaged, the one `home` recorded),
+        migrated to this code's schema, and shared within this process.
+
+        The checks cost a `stat`, a 100-byte read, the home's small record file and one
+        query; a file SQLite finds damaged later is refused then (the engine's error hook)."""
         key = (os.getpid(), url)
         with cls._open_lock:
-            if key not in cls._open:
-                ledger = cls(url, home=home)
-                from .migrations import migrate
+            ledger = cls._open.get(key)
+            admitted = (os.getpid(), url, str(Path(home).resolve()) if home else "")
+            if ledger is None or admitted not in cls._admitted:
+                candidate = ledger or cls(url, home=home)
+                cls._admit(candidate, home)
+                cls._admitted.add(admitted)
+                cls._open[key] = ledger = candidate
+            return ledger
 
-                if ledger.dialect == "postgresql":
-                    from .postgres import ensure_database, unreachable
+    @staticmethod
+    def _admit(ledger: "Ledger", home: Path | None, *, accept: bool = False, note: str | None = None):
+        from .identity import admit
 
-                    ensure_database(url)  # a team's first use makes the database
-                    try:
-                        migrate(ledger)
-                    except sa.exc.OperationalError as exc:
-                        raise unreachable(url, exc) from None
-                else:
-                    migrate(ledger)  # ledger.duckdb (the views for people) is written by the SQL face's process
-                cls._open[key] = ledger
-            return cls._open[key]
+        try:
+            # ledger.duckdb (the views for people) is written by the SQL face's process.
+            return admit(ledger, home=home, accept=accept, note=note)
+        except sa.exc.OperationalError as exc:
+            if ledger.dialect != "postgresql":
+                raise
+            from .postgres import unreachable
+
+            raise unreachable(ledger.url, exc) from None
+
+    @classmethod
+    def reopen(cls, url: str, *, home: Path | None = None, accept: bool = False, note: str | None = None) -> "Ledger":
+        """Drop this process's ledger at `url` and open it again: after `orbit ledger repair`
+        set a damaged file aside (`accept`: take a missing or other ledger as the home's)."""
+        with cls._open_lock:
+            old = cls._open.pop((os.getpid(), url), None)
+            if old is not None:
+                old.dispose()
+            cls._admitted = {a for a in cls._admitted if a[:2] != (os.getpid(), url)}
+            ledger = cls(url, home=home)
+            cls._admit(ledger, home, accept=accept, note=note)
+            cls._admitted.add((os.getpid(), url, str(Path(home).resolve()) if home else ""))
+            cls._open[(os.getpid(), url)] = ledger
+            return ledger
 
     @property
     def display(self) -> str:
@@ -307,7 +362,24 @@ class Ledger:
         """A read-only query through the DuckDB SQL face (what people and notebooks use)."""
         from .face import face_query
 
-        return face_query(self, sql)
+        if self.path is not None and not self._face_checked:
+            # DuckDB reads the SQLite file with its own copy of SQLite, in a process of its own,
+            # and a damaged table kills that process with a traceback. Touch each table's
+            # b-tree here first (its largest rowid: a few pages each), where damage is the
+            # engine's LedgerDamaged naming the file.
+            with self.read() as tx:
+                for name in TABLES:
+                    tx.scalar(f"SELECT max(rowid) FROM {name}")
+            self._face_checked = True
+        try:
+            return face_query(self, sql)
+        except EOFError:  # the face's process died reading the file
+            raise damaged(str(self.path or self.display), "unreadable by the SQL face (DuckDB)") from None
+        except OrbitError as exc:
+            # DuckDB reads the SQLite file itself: its report of damaged pages names the fix too.
+            if self.path is not None and not isinstance(exc, LedgerDamaged) and is_corruption(str(exc)):
+                raise damaged(str(self.path), "damaged: DuckDB could not read it") from None
+            raise
 
     def dispose(self) -> None:
         self.engine.dispose()

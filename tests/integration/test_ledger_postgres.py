@@ -240,3 +240,58 @@ def test_team_profile_without_a_server_is_refused_naming_the_setting(orbit_home,
     monkeypatch.setenv("ORBIT_POSTGRES_URL", "postgresql://orbit:pw@127.0.0.1:5432/orbit")
     proc = orbit("status")
     assert proc.returncode == 2 and "PGPASSWORD" in proc.stderr and "pw@" not in proc.stderr
+
+
+# ---- the ledger's identity on a team's PostgreSQL (ledger/identity.py) ----------------------
+
+def test_homes_sharing_a_team_ledger_record_its_one_id(postgres, tmp_path):
+    from orbit_dagster.ledger.identity import read_id, read_record
+
+    url = postgres.url(postgres.create_database(), driver="psycopg")
+    first, second = tmp_path / "machine-1", tmp_path / "machine-2"
+    ledger = Ledger.open(url, home=first)
+    ledger_id = read_id(ledger)
+    Ledger.open(url, home=second)  # the same process, another home: checked and recorded for it too
+    key = f"postgresql://127.0.0.1:{postgres.port}/{url.rsplit('/', 1)[1]}"
+    assert read_record(first)[key]["ledger_id"] == read_record(second)[key]["ledger_id"] == ledger_id
+    assert postgres.sql("SELECT ledger_id FROM ledger_identity", database=url.rsplit("/", 1)[1]) == [(ledger_id,)]
+
+
+def test_a_reset_team_database_is_refused_by_a_home_that_recorded_it_and_repair_takes_it(postgres, tmp_path):
+    from orbit_dagster.control.ledger_care import check
+    from orbit_dagster.control.ledger_repair import repair
+    from orbit_dagster.ledger import LedgerIdentityError
+    from orbit_dagster.ledger.identity import read_id, read_record
+
+    name = postgres.create_database()
+    url = postgres.url(name, driver="psycopg")
+    home = tmp_path / "home"
+    recorded = read_id(Ledger.reopen(url, home=home))
+    postgres.sql(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with pytest.raises(LedgerIdentityError, match=f"not there .* recorded ledger {recorded}"):
+        Ledger.reopen(url, home=home)  # a home that recorded it: the database is not made anew
+    assert postgres.sql(f"SELECT 1 FROM pg_database WHERE datname = '{name}'") == []
+    postgres.create_database(name)  # a DBA made it again, empty
+    with pytest.raises(LedgerIdentityError, match="not there"):
+        Ledger.reopen(url, home=home)
+    os.environ["ORBIT_LEDGER_URL"] = url
+    try:
+        settings = Settings.from_env(home)
+        assert check(settings).verdict.state == "missing"
+        report = repair(settings)
+    finally:
+        del os.environ["ORBIT_LEDGER_URL"]
+    assert report.made_new and report.moved_to is None and report.ledger_id != recorded
+    entry = read_record(home)[f"postgresql://127.0.0.1:{postgres.port}/{name}"]
+    assert entry["ledger_id"] == report.ledger_id and entry["replaced"][0]["ledger_id"] == recorded
+    assert read_id(Ledger.reopen(url, home=home)) == report.ledger_id
+
+
+def test_backing_up_a_team_ledger_is_refused_naming_pg_dump(tmp_path):
+    env = {**os.environ, "ORBIT_HOME": str(tmp_path / "home"),
+           "ORBIT_LEDGER_URL": "postgresql+psycopg://orbit:s3cret@db.example:5433/orbit"}
+    proc = orbit("ledger", "backup", env=env)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "s3cret" not in proc.stderr
+    assert "pg_dump --format=custom --file=orbit-ledger-$(date -u +%Y%m%dT%H%M%SZ).dump " \
+           "'postgresql://orbit@db.example:5433/orbit'" in lines[0]
