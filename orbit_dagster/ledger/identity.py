@@ -262,8 +262,8 @@ def admit(ledger, *, home: Path | None = None, accept: bool = False, note: str |
         from .postgres import ensure_database
 
         ensure_database(ledger.url)  # a team's first use makes the database
-    if verdict.version != LATEST:
-        migrate(ledger)
+    if verdict.version != LATEST or not verdict.ledger_id:
+        migrate(ledger)  # (a ledger at LATEST may still lack a version written in between: migrate applies it)
     if home is not None and verdict.state != "ok":
         ledger_id = verdict.ledger_id or read_id(ledger)
         if ledger_id is None:

@@ -185,7 +185,7 @@ def _apply(ledger: Ledger) -> int:
         raise LedgerError(f"the ledger at {ledger.display} has schema version {before}, newer than this "
                           f"orbit-dagster knows ({LATEST})", field="ledger", value=before,
                           fix="upgrade orbit-dagster on this machine to the version that wrote it")
-    if before == LATEST:
+    if before == LATEST and _applied(ledger) >= len(MIGRATIONS):
         return before
     with ledger.write() as tx:
         _lock(tx)
@@ -201,6 +201,14 @@ def _apply(ledger: Ledger) -> int:
             tx.execute("INSERT INTO schema_migrations (version, description, applied_at) VALUES (?, ?, ?)",
                        [version, description, time.time()])
     return before
+
+
+def _applied(ledger: Ledger) -> int:
+    """How many of this code's versions the ledger has: a version between two applied ones
+    (written later, e.g. on another branch of development) is applied too, not skipped."""
+    versions = [v for v, _, _ in MIGRATIONS]
+    marks = ", ".join("?" for _ in versions)
+    return int(ledger.scalar(f"SELECT count(*) FROM schema_migrations WHERE version IN ({marks})", versions) or 0)
 
 
 def ledger_url_for(home: Path) -> str:
