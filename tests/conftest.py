@@ -5,8 +5,17 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Property tests: `ci` (the default, `make test`) draws the same examples on every run, so a
+# found counterexample is a regression test to write, never a lottery; `random`
+# (`make test-all`, HYPOTHESIS_PROFILE=random) explores new ones. Each test's own
+# max_examples and deadline still apply.
+hypothesis_settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+hypothesis_settings.register_profile("random", derandomize=False, print_blob=True)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def shared_data_dir() -> Path | None:

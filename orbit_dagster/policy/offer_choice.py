@@ -150,12 +150,21 @@ def _filter(offers: list[Offer], gpu: str, gpu_count: int, gpu_memory_gb: float,
     return offers, log
 
 
+def tie_key(score: float) -> float:
+    """A score to 10 significant digits: scores within float rounding of each other (the same
+    price written two ways, 0.1 and 0.10000000000000002) are a tie, broken by offer id, so
+    the ranking never depends on the last bit of a division. Monotone: a score more than
+    ~1e-9 (relative) lower still ranks first."""
+    return score if not math.isfinite(score) else float(f"{score:.9e}")
+
+
 def rank_offers(offers: Sequence[Offer], *, gpu: str = "any", gpu_count: int = 1, gpu_memory_gb: float = 0,
                 max_price_per_gpu_hour: float | None = None, save_s: float = 60.0, restore_s: float = 300.0,
                 notice_s: float | Mapping[str, float] = 120.0, emergency_save_s: float | None = None,
                 rates: RateBook | Mapping[str, ReclaimRateEstimator] | None = None,
                 model: ReclaimModel | None = None) -> OfferDecision:
-    """Rank the offers that meet the requirements by expected $ per useful PFLOP, cheapest first.
+    """Rank the offers that meet the requirements by expected $ per useful PFLOP, cheapest first
+    (scores within float rounding of each other are a tie, broken by offer id: `tie_key`).
 
     ``rates`` holds the online reclaim-rate estimates by offer id; offers without one get
     their prior (own rate, band, reliability; the riskiest band when nothing is known).
@@ -184,7 +193,7 @@ def rank_offers(offers: Sequence[Offer], *, gpu: str = "any", gpu_count: int = 1
         score = usd_h / denom * 1e15 if denom > 0 else math.inf
         scored.append(ScoredOffer(o, score, goodput, rate, est.source if o.spot else "on-demand", tau, usd_h, useful,
                                   notice))
-    scored.sort(key=lambda s: (s.usd_per_useful_pflop, s.offer.offer_id))
+    scored.sort(key=lambda s: (tie_key(s.usd_per_useful_pflop), s.offer.offer_id))
     if math.isinf(scored[0].usd_per_useful_pflop):
         raise NoOfferMatches("every remaining offer is reclaimed too often to make progress", field="goodput",
                              value=0.0, fix="allow on-demand offers or a zone with a lower interruption band")
