@@ -208,12 +208,17 @@ class SimProvider:
         except (ProcessLookupError, KeyError):
             pass
 
-    def inject_reclaim(self, instance: InstanceHandle, *, in_seconds: float, notice_seconds: float | None = None) -> None:
-        """Schedule a reclaim `in_seconds` from now (the market operator's override)."""
-        write_json(
-            self._dir(instance.instance_id) / "reclaim.json",
-            {"reclaim_at": time.time() + in_seconds, "notice_seconds": notice_seconds or self.notice_seconds},
-        )
+    def inject_reclaim(self, instance: InstanceHandle, *, in_seconds: float | None = None,
+                       notice_seconds: float | None = None, at_step: int | None = None) -> None:
+        """Schedule a reclaim (the market operator's override): `in_seconds` from now, or, with
+        `at_step`, once the workload on the instance has reported that training step (the
+        notice then, the reclaim `notice_seconds` later): the same story on a fast or a slow
+        machine."""
+        if (in_seconds is None) == (at_step is None):
+            raise ValueError("inject_reclaim takes in_seconds or at_step")
+        spec = {"notice_seconds": notice_seconds or self.notice_seconds}
+        spec.update({"at_step": int(at_step)} if at_step is not None else {"reclaim_at": time.time() + in_seconds})
+        write_json(self._dir(instance.instance_id) / "reclaim.json", spec)
 
     def notices(self, instance: InstanceHandle) -> list[Notice]:
         url = instance.address.get("metadata_url")

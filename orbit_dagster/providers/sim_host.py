@@ -41,6 +41,8 @@ class Host:
         self.child: subprocess.Popen | None = None
         self.started_at = time.time()
         self.notice_at: float | None = None
+        self.reclaim_step: tuple[int, float] | None = None  # (training step, notice seconds)
+        self._events_offset = 0
         reclaim_at = self.spec.get("reclaim_at")
         self.reclaim_at: float | None = float(reclaim_at) if reclaim_at is not None else None
         if self.reclaim_at is not None:
@@ -145,11 +147,43 @@ class Host:
         if not req.exists():
             return
         spec = json.loads(req.read_text())
-        at = float(spec["reclaim_at"])
+        notice = float(spec.get("notice_seconds", self.spec.get("notice_seconds", 120)))
+        if "at_step" in spec:  # when the workload reaches a step: see maybe_reclaim_at_step
+            self.reclaim_step = (int(spec["at_step"]), notice)
+        else:
+            self._reclaim(float(spec["reclaim_at"]), notice)
+        req.rename(self.root / f"reclaim-applied-{time.time_ns()}.json")
+
+    def _reclaim(self, at: float, notice_s: float) -> None:
         if self.reclaim_at is None or at < self.reclaim_at:
             self.reclaim_at = at
-            self.notice_at = at - float(spec.get("notice_seconds", self.spec.get("notice_seconds", 120)))
-        req.rename(self.root / f"reclaim-applied-{time.time_ns()}.json")
+            self.notice_at = at - notice_s
+
+    def maybe_reclaim_at_step(self) -> None:
+        """A reclaim set by training progress: the notice as soon as the workload's event
+        stream shows the step (read incrementally, every tick)."""
+        if self.reclaim_step is None:
+            return
+        events = self.work / "artifacts" / "events.jsonl"
+        try:
+            with open(events, "rb") as fh:
+                fh.seek(self._events_offset)
+                chunk = fh.read()
+        except OSError:
+            return
+        whole = chunk[:chunk.rfind(b"\n") + 1]  # a line still being written waits for the next tick
+        self._events_offset += len(whole)
+        step, notice = self.reclaim_step
+        for line in whole.splitlines():
+            try:
+                seen = json.loads(line).get("step")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(seen, int) and seen >= step:
+                now = time.time()
+                self._reclaim(now + notice, notice)
+                self.reclaim_step = None
+                return
 
     def run(self) -> None:
         port = self.serve_metadata()
@@ -159,6 +193,7 @@ class Host:
             now = time.time()
             self.maybe_launch()
             self.maybe_schedule_reclaim()
+            self.maybe_reclaim_at_step()
             self.reap()
             term = self.root / "terminate.json"
             if term.exists():

@@ -11,7 +11,7 @@ from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.providers import provider_for
 from orbit_dagster.control.recovery import recover_lost
 from orbit_dagster.control.settings import Settings
-from orbit_dagster.control.submit import submit
+from orbit_dagster.control.submit import cancel, submit
 from orbit_dagster.ledger import records as R
 from orbit_dagster.providers.base import RunHandle
 from orbit_dagster.storage import open_store
@@ -102,6 +102,25 @@ def test_a_notice_becomes_an_emergency_checkpoint_and_no_step_is_lost(settings):
     assert second.state == "SUCCEEDED"
     assert ledger.rows("SELECT resume_from FROM runs WHERE run_id = ?", [R.run_id_for(job, 2)])[0]["resume_from"] \
         == emergency[0]["checkpoint_key"]
+
+
+def test_a_reclaim_set_by_training_progress_comes_at_that_step_on_any_machine(settings):
+    """The market operator's override by progress (the demo's two reclaims): the notice comes
+    when the workload reports the step, whatever the machine's speed, and no step is lost."""
+    ledger = settings.ledger()
+    job = submit(settings, "charlm-finetune", {"config.steps": 400, "checkpoint.every_steps": 500},
+                 experiment="at-step")
+    bg = Background(lambda: run_attempt(settings, job))
+    wait_for(lambda: R.run(ledger, R.run_id_for(job, 1)) and R.run(ledger, R.run_id_for(job, 1))["state"] == "RUNNING")
+    provider_for(settings, "sim_host_process").inject_reclaim(handle_of(settings, job, 1).instance, at_step=30,
+                                                              notice_seconds=5)
+    first = bg.join()
+    assert (first.state, first.failure_class) == ("LOST", "reclaim")
+    emergency = ledger.rows("SELECT step FROM checkpoints WHERE job_id = ? AND tier = 'emergency'", [job])
+    # The notice at step 30 (the agent polls for it every second at most), never before.
+    assert len(emergency) == 1 and 30 <= emergency[0]["step"] < 400
+    assert emergency[0]["step"] == last_step(ledger, job, 1)
+    cancel(settings, job)
 
 
 def test_oom_retries_once_with_the_whitelisted_change(settings):
