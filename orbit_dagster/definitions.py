@@ -1,4 +1,6 @@
 """The one place that wires orbit-dagster's assets, checks, jobs, sensors, schedules and resources."""
+import warnings
+
 import dagster as dg
 
 from .assets.best import best_checkpoint
@@ -18,6 +20,11 @@ from .sensors.followups import best_checkpoint_sensor, cost_summary_sensor
 from .sensors.interruptions import spot_interruption_sensor
 from .sensors.prices import price_feed_sensor
 from .sensors.queue import job_queue_sensor
+
+# Dagster's own sensor decorator passes `owners` to SensorDefinition, which then warns that
+# the parameter is beta when the code location loads its sensors of the code location, though orbit sets no owners.
+warnings.filterwarnings("ignore", message="Parameter `owners` of initializer `SensorDefinition.__init__`",
+                        category=dg.BetaWarning)
 
 defs = dg.Definitions(
     assets=[training_run, checkpoint, evaluation, best_checkpoint, cost_summary, offer_catalog],

@@ -13,6 +13,8 @@ cancels the attempt: the instance is released and billed to the second, the job 
 CANCELLED, and the run shows CANCELED.
 """
 
+import warnings
+
 import dagster as dg
 
 from ..control.attempt import run_attempt
@@ -22,6 +24,11 @@ from ..resources import AwsSpotResource, OrbitResource, SimMarketResource, SshRe
 from .metadata import loss_curve
 from .partitions import JOB_DIM, checkpoints_partitions, jobs_partitions
 from .reporting import DagsterReporter
+
+# Chosen on purpose: a checkpoint's upstream is exactly its own job's training partition,
+# which only this (beta) mapping says. Filtered once here, not on every code-server load.
+warnings.filterwarnings("ignore", message="Class `MultiToSingleDimensionPartitionMapping` is currently in beta",
+                        category=dg.BetaWarning)
 
 checkpoint = dg.AssetSpec(
     "checkpoint",
