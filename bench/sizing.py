@@ -146,14 +146,15 @@ def follow_memory(k: int, mode: str) -> dict[str, float]:
         for _ in range(5):
             procs = processes()
             sup = daemon.proc.pid
+            # The supervisor's children: its code server and dagster-daemon; the run workers are
+            # the code server's (multiprocessing) children.
             dagster_daemon = [pid for pid, (pp, _) in procs.items() if pp == sup]
-            servers = [pid for pid, (pp, cmd) in procs.items() if pp in dagster_daemon]
-            workers = [pid for pid, (pp, cmd) in procs.items() if pp in servers and "spawn_main" in cmd]
+            workers = [pid for pid, (pp, cmd) in procs.items() if pp in dagster_daemon and "spawn_main" in cmd]
             for pid in workers:
                 pss, rss = proc_memory(pid)
                 samples["run worker PSS"].append(pss)
                 samples["run worker RSS"].append(rss)
-            samples["daemon+code server PSS"].append(sum(proc_memory(p)[0] for p in dagster_daemon + servers))
+            samples["daemon+code server PSS"].append(sum(proc_memory(p)[0] for p in dagster_daemon))
             samples["orbit supervisor PSS"].append(proc_memory(sup)[0])
             samples.setdefault("run workers seen", []).append(len(workers))
             time.sleep(3)

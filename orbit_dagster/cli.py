@@ -394,18 +394,12 @@ def demo(as_json: bool, sets: tuple[str, ...], no_reclaims: bool) -> None:
 def daemon() -> None:
     """Run the Dagster daemon (sensors, run queue, monitoring) for the active profile, in the foreground.
 
-    Its log goes to stdout without colour codes or per-tick lines; SIGTERM or Ctrl-C stops it."""
-    from .instance import environment, prepare_instance, wait_for_daemon, workspace_file
-    from .profile_report import headline
-    from .services import Child, daemon_argv, say, supervise
+    One per Dagster home: a second one refuses, naming the first. Starts the code server it
+    uses (unless ORBIT_CODE_SERVER names one); its log goes to stdout without colour codes
+    or per-tick lines; SIGTERM or Ctrl-C stops it."""
+    from .serve import run_daemon
 
-    settings = _settings()
-    prepare_instance(settings)
-    env = environment(settings)
-    workspace = workspace_file(settings)
-    say(headline(settings) + f"; workspace {workspace}")
-    child = Child("dagster-daemon", daemon_argv(workspace), sys.stdout)
-    sys.exit(supervise([child], env, say, ready=lambda: _report(wait_for_daemon, settings, say=say)))
+    sys.exit(run_daemon(_settings()))
 
 
 @cli.command()
@@ -413,43 +407,23 @@ def daemon() -> None:
 @click.option("--no-daemon", is_flag=True, help="the webserver only (a daemon runs elsewhere, e.g. its own service)")
 def ui(port: int, no_daemon: bool) -> None:
     """The Dagster UI on 127.0.0.1 only, with a daemon unless one is running; SIGTERM or Ctrl-C stops both."""
-    from .instance import daemon_alive, dagster_home, environment, prepare_instance, wait_for_daemon, workspace_file
-    from .profile_report import headline
-    from .services import Child, daemon_argv, say, supervise, wait_for_http, webserver_argv
+    from .serve import run_ui
+
+    sys.exit(run_ui(_settings(), port, no_daemon))
+
+
+@cli.command("code-server")
+@click.option("--socket", "socket_path", default=None, metavar="PATH",
+              help="serve on this unix socket (default: $ORBIT_CODE_SERVER, else code-server.sock in the Dagster home)")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="serve on this TCP port instead")
+@click.option("--host", default=None, help="with --port: 127.0.0.1 (default), localhost or ::1")
+def code_server(socket_path: str | None, port: int | None, host: str | None) -> None:
+    """Serve orbit's code location (`dagster api grpc`, no heartbeat) in the foreground, for a daemon and
+    a UI started with ORBIT_CODE_SERVER pointing at it; SIGTERM or Ctrl-C stops it."""
+    from .serve import code_server_address, run_code_server
 
     settings = _settings()
-    prepare_instance(settings)
-    env = environment(settings)
-    workspace = workspace_file(settings)
-    say(headline(settings) + f"; workspace {workspace}")
-    children = [Child("dagster-webserver", webserver_argv(workspace, "127.0.0.1", port), sys.stdout)]
-    with_daemon = not no_daemon and not daemon_alive(settings)
-    if with_daemon:
-        log = dagster_home(settings) / "daemon.log"
-        say(f"starting a daemon too (log: {log})")
-        children.append(Child("dagster-daemon", daemon_argv(workspace), open(log, "a")))
-    elif not no_daemon:
-        say("a daemon is already heartbeating for this instance: not starting another")
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> None:
-        say(f"waiting for the webserver to load the code location and answer on {url}")
-        waited = wait_for_http(url + "/server_info", 180)
-        say(f"UI ready at {url} after {waited:.0f} s" if waited is not None else f"{url} did not answer in 180 s")
-        if with_daemon:
-            _report(wait_for_daemon, settings, say=say)
-
-    sys.exit(supervise(children, env, say, ready=ready))
-
-
-def _report(fn, *args, say, **kw) -> None:
-    """Run a readiness wait in the supervisor's thread: its failure is a line, not a traceback."""
-    try:
-        fn(*args, say=say, **kw)
-    except OrbitError as exc:
-        say(f"error: {exc}")
-    except Exception as exc:  # noqa: BLE001 - a status thread: the services keep running
-        say(f"error while waiting ({type(exc).__name__}): {_one_line(str(exc))[:300]}")
+    sys.exit(run_code_server(settings, code_server_address(settings, socket_path, host, port)))
 
 
 @cli.command()

@@ -23,7 +23,7 @@ from pathlib import Path
 from .control.settings import Settings
 from .control.submit import submit
 from .core.errors import OrbitError
-from .instance import Daemon, daemon_alive, ensure_dagster_home, wait_until_idle
+from .instance import Daemon, ensure_dagster_home, wait_until_idle
 from .ledger import records as R
 
 TEMPLATE = "charlm-finetune"
@@ -94,7 +94,8 @@ def run_demo(settings: Settings, *, overrides: dict | None = None, experiment: s
     experiment = experiment or f"demo-{uuid.uuid4().hex[:6]}"
     os.environ["ORBIT_SIM_RECLAIMS"] = "trace" if reclaims else "none"  # for the daemon we start
     settings = Settings.from_env(settings.home)
-    daemon = None if daemon_alive(settings) else Daemon(settings).start()
+    # A daemon already running for this instance is used (saying so); otherwise one is started.
+    daemon = Daemon(settings).start()
     scenario, reference = None, None
     try:
         wait_for_daemon(settings)
@@ -117,11 +118,10 @@ def run_demo(settings: Settings, *, overrides: dict | None = None, experiment: s
                 raise OrbitError(f"demo job {job_id} did not finish within {timeout_s:.0f} s (state {p.state})",
                                  fix=f"look at `orbit status {job_id}` and `orbit logs {job_id}`")
             time.sleep(1.0)
-        if daemon is not None:
+        if daemon.started:
             wait_until_idle(settings, quiet_s=5.0)  # let the follow-up runs (cost summary) finish first
     finally:
-        if daemon is not None:
-            daemon.stop()
+        daemon.stop()  # only the one started here
         if scenario is not None:  # back to a real-time market for whatever runs next here
             old = ensure_market(settings.sim_dir, trace_dir=settings.sim_traces, scale=1.0, notice_s=120.0)
             write_market(settings.sim_dir, MarketConfig(time.time(), old.trace_offset_s, 1.0, 120.0, old.traces))

@@ -4,8 +4,9 @@ The home is `$ORBIT_HOME/dagster` for the `embedded` profile and `$ORBIT_HOME/da
 for `team` (profiles.py), so each profile keeps its own `dagster.yaml` and switching is one
 setting. orbit writes a `dagster.yaml` only where there is none: after that it is the
 operator's file, and orbit never overwrites it (`orbit profile` says when it differs from
-what the profile would write now). The processes that serve the instance (daemon,
-webserver) are in `services.py`.
+what the profile would write now). The processes that serve the instance (code server,
+daemon, webserver) are in `services.py` and `serve.py`; one daemon per home and the storage's
+first initialisation are guarded by `instance_locks.py`.
 """
 from __future__ import annotations
 
@@ -16,21 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from .control.settings import Settings
+from .instance_locks import DaemonLock, foreign_heartbeats, storage_initialised
 from .profiles import DEFAULT_POOLS, Profile
 
 if TYPE_CHECKING:
     from dagster import DagsterInstance
-
-CHECKOUT_WORKSPACE = Path(__file__).resolve().parents[1] / "workspace.yaml"
-WORKSPACE_YAML = """\
-# The code location orbit's webserver and daemon load (`orbit ui`, `orbit daemon`, `make ui`).
-# The location keeps the name `-m orbit_dagster.definitions` gave it, so sensor state and
-# run history carry over.
-load_from:
-  - python_module:
-      module_name: orbit_dagster.definitions
-      location_name: orbit_dagster.definitions
-"""
 
 
 def _ssh_gpus(settings: Settings) -> int | None:
@@ -79,18 +70,24 @@ def ensure_dagster_home(settings: Settings) -> Path:
     return home
 
 
-def workspace_file(settings: Settings) -> Path:
-    """The workspace the webserver and daemon load: $ORBIT_WORKSPACE, else the checkout's
-    top-level `workspace.yaml`, else one written beside `dagster.yaml` (an installed package)."""
+def workspace_override() -> Path | None:
+    """An operator's own workspace (`$ORBIT_WORKSPACE`): the webserver and daemon load it as it is,
+    and orbit starts no code server. Unset (the default), orbit serves the code location itself."""
     explicit = os.environ.get("ORBIT_WORKSPACE")
-    if explicit:
-        return Path(explicit).expanduser().resolve()
-    if CHECKOUT_WORKSPACE.is_file():
-        return CHECKOUT_WORKSPACE
-    path = ensure_dagster_home(settings) / "workspace.yaml"
-    if not path.exists():
-        path.write_text(WORKSPACE_YAML)
-    return path
+    return Path(explicit).expanduser().resolve() if explicit else None
+
+
+def code_location_source() -> str:
+    """Where the webserver and daemon get orbit's code location from, in words."""
+    from .code_server import configured
+
+    explicit = workspace_override()
+    if explicit is not None:
+        return f"{explicit} (ORBIT_WORKSPACE)"
+    address = configured()
+    if address is not None:
+        return f"the code server at {address} (ORBIT_CODE_SERVER)"
+    return "a code server of their own (dagster api grpc on a private unix socket)"
 
 
 def environment(settings: Settings) -> dict[str, str]:
@@ -102,27 +99,57 @@ def environment(settings: Settings) -> dict[str, str]:
 
 @contextmanager
 def dagster_instance(settings: Settings) -> Iterator["DagsterInstance"]:
-    """The persistent Dagster instance of the active profile."""
+    """The persistent Dagster instance of the active profile. While its storage is new, the
+    opening happens under the storage lock (instance_locks.py): processes opening a new
+    storage at the same moment would otherwise both stamp its schema and break it for good."""
     from dagster import DagsterInstance
 
-    with DagsterInstance.from_config(str(ensure_dagster_home(settings))) as instance:
+    home = ensure_dagster_home(settings)
+    with storage_initialised(home):
+        instance = DagsterInstance.from_config(str(home))
+    with instance:
         yield instance
 
 
 def prepare_instance(settings: Settings) -> Path:
-    """Open the instance once, before its processes start: a new storage's tables are then made
-    by one process (several making a new SQLite storage at once can corrupt its migration
-    table). Returns the Dagster home."""
+    """Open the instance once, before its processes start (its storage created if new). Returns
+    the Dagster home."""
     with dagster_instance(settings) as instance:
         instance.get_daemon_heartbeats()
     return dagster_home(settings)
 
 
-def daemon_heartbeats(settings: Settings) -> dict[str, float]:
-    """Seconds since each daemon (sensors, run queue, monitoring, ...) last sent a heartbeat."""
+def daemon_heartbeat_ids(settings: Settings) -> dict[str, tuple[float, str | None]]:
+    """Each daemon kind's last heartbeat: (seconds since, the daemon process's id)."""
     with dagster_instance(settings) as instance:
         now = time.time()
-        return {kind: now - hb.timestamp for kind, hb in instance.get_daemon_heartbeats().items()}
+        return {kind: (now - hb.timestamp, hb.daemon_id) for kind, hb in instance.get_daemon_heartbeats().items()}
+
+
+def daemon_heartbeats(settings: Settings) -> dict[str, float]:
+    """Seconds since each daemon (sensors, run queue, monitoring, ...) last sent a heartbeat."""
+    return {kind: age for kind, (age, _) in daemon_heartbeat_ids(settings).items()}
+
+
+def foreign_daemon(settings: Settings, lock: DaemonLock) -> dict[str, tuple[float, str]]:
+    """Live heartbeats from a daemon this home's lock does not know (one elsewhere on a shared storage)."""
+    beats = daemon_heartbeat_ids(settings)
+    lock.adopt_orphans(beats)
+    return foreign_heartbeats(beats, lock.known_ids())
+
+
+def running_daemon(settings: Settings) -> str | None:
+    """A line naming the daemon that runs for this instance, or None when there is none."""
+    lock = DaemonLock(ensure_dagster_home(settings))
+    holder = lock.holder()
+    if holder is not None:
+        return (f"a daemon already runs for this Dagster home ({holder.get('what', 'orbit daemon')}, pid "
+                f"{holder.get('pid', '?')}, since {holder.get('since', '?')})")
+    foreign = foreign_daemon(settings, lock)
+    if foreign:
+        age, did = min(foreign.values())
+        return f"a daemon heartbeats to this instance from elsewhere (daemon id {did[:8]}, {age:.0f} s ago)"
+    return None
 
 
 def daemon_alive(settings: Settings, max_age_s: float = 30.0) -> bool:
@@ -135,22 +162,27 @@ NEEDED_DAEMONS = {"SENSOR": "sensors", "QUEUED_RUN_COORDINATOR": "run queue"}
 
 
 def wait_for_daemon(settings: Settings, *, timeout_s: float = 120.0, say: Callable[[str], None] | None = None,
-                    log: Path | None = None) -> float:
-    """Wait until the sensor and run-queue daemons heartbeat; say what is being waited for."""
+                    log: Path | None = None,
+                    seen: Callable[[dict[str, tuple[float, str | None]]], None] | None = None) -> float:
+    """Wait until the sensor and run-queue daemons heartbeat; say what is being waited for.
+    `seen` gets every poll's heartbeats (age, daemon id) before they are judged."""
     from .core.errors import OrbitError
 
     say = say or (lambda _line: None)
     start = time.time()
     said = False
     while True:
-        fresh = {k for k, age in daemon_heartbeats(settings).items() if age < 10.0}
+        beats = daemon_heartbeat_ids(settings)
+        if seen is not None:
+            seen(beats)
+        fresh = {k for k, (age, _) in beats.items() if age < 10.0}
         if set(NEEDED_DAEMONS) <= fresh:
             waited = time.time() - start
             say(f"daemon up after {waited:.0f} s: {', '.join(sorted(NEEDED_DAEMONS.values()))} ticking")
             return waited
         if not said:
-            say("waiting for the Dagster daemon's first heartbeat (it loads the code location first, "
-                "~10-20 s here); jobs stay QUEUED until then")
+            say("waiting for the Dagster daemon's first heartbeat (~5-10 s here once the code server "
+                "answers); jobs stay QUEUED until then")
             said = True
         if time.time() - start > timeout_s:
             where = log or dagster_home(settings) / "daemon.log"
@@ -186,5 +218,6 @@ def wait_until_idle(settings: Settings, *, quiet_s: float = 12.0, timeout_s: flo
 # The processes live in services.py; imported last, for callers that take them from here.
 from .services import Daemon, Webserver  # noqa: E402
 
-__all__ = ["Daemon", "Webserver", "dagster_home", "dagster_instance", "daemon_alive", "ensure_dagster_home",
-           "environment", "prepare_instance", "profile", "wait_for_daemon", "wait_until_idle", "workspace_file"]
+__all__ = ["Daemon", "Webserver", "code_location_source", "dagster_home", "dagster_instance", "daemon_alive",
+           "ensure_dagster_home", "environment", "prepare_instance", "profile", "running_daemon", "wait_for_daemon",
+           "wait_until_idle", "workspace_override"]

@@ -46,7 +46,7 @@ def headline(settings: Settings) -> str:
 
 
 def describe(settings: Settings) -> dict[str, Any]:
-    from .instance import daemon_heartbeats, ensure_dagster_home, profile, workspace_file
+    from .instance import code_location_source, daemon_heartbeats, ensure_dagster_home, profile
 
     prof = profile(settings)
     cfg_path = settings.home / prof.dagster_dir / "dagster.yaml"
@@ -88,7 +88,7 @@ def describe(settings: Settings) -> dict[str, Any]:
         "dagster_storage": storage,
         "ledger": ledger.display,
         "ledger_kind": ledger.dialect,
-        "workspace": str(workspace_file(settings)),
+        "code_location": code_location_source(),
         "max_concurrent_runs": runs.get("max_concurrent_runs"),
         "pools": _pools(cfg),
         "run_retries": int(retries.get("max_retries", 0)) if retries.get("enabled") else 0,
@@ -110,7 +110,7 @@ def format_report(r: dict[str, Any]) -> str:
         f"dagster.yaml:   {r['dagster_yaml_state']}",
         f"dagster store:  {r['dagster_storage']}",
         f"ledger:         {r['ledger']} ({r['ledger_kind']})",
-        f"workspace:      {r['workspace']}",
+        f"code location:  {r['code_location']}",
         f"runs at once:   {r['max_concurrent_runs']}; pools: {pools}",
         f"run retries:    {r['run_retries'] or 'off'}; run monitoring: {'on' if r['run_monitoring'] else 'off'}"
         + ("; dead run workers detected (orbit's run launcher)" if r.get("run_health_checks") else ""),

@@ -1,6 +1,7 @@
 """Operating the instance: `workspace.yaml` validates; `orbit daemon` and `orbit ui` say what they
-wait for, log without colour codes or per-tick lines, listen on 127.0.0.1 only and stop on
-SIGTERM even when started with SIGTERM/SIGINT ignored (a shell's background job); on the
+wait for, log without colour codes or per-tick lines, listen on 127.0.0.1 only, share one code
+server and stop on SIGTERM even when started with SIGTERM/SIGINT ignored (a shell's background
+job); `orbit code-server` serves a daemon pointed at it; on the
 team profile, a run worker killed outright is retried and the job finishes on its first
 attempt, launched once."""
 import os
@@ -21,6 +22,7 @@ from orbit_dagster.control.submit import submit
 from orbit_dagster.instance import Daemon, dagster_instance, ensure_dagster_home, wait_for_daemon
 from orbit_dagster.ledger import records as R
 from orbit_dagster.services import ANSI, TICK_NOISE
+from tests.daemon_support import code_servers
 from tests.helpers import wait_for
 from tests.postgres import postgres, team_profile  # noqa: F401 - fixtures
 
@@ -148,6 +150,8 @@ def test_orbit_ui_listens_on_loopback_only_and_stops_with_its_daemon(orbit_home,
         ours = [f[1] for f in listening if f[3] == "0A" and f[1].endswith(f":{port:04X}")]
         assert ours == [f"0100007F:{port:04X}"], ours  # 127.0.0.1 only
         assert not [f for f in Path("/proc/net/tcp6").read_text().splitlines()[1:] if f":{port:04X}" in f.split()[1]]
+        # One code server, shared by the webserver and the daemon (each used to start its own).
+        assert len(code_servers(orbit_home)) == 1, code_servers(orbit_home)
         children = descendants(proc.pid)
         took = stop_and_time(proc)
     finally:
@@ -160,6 +164,38 @@ def test_orbit_ui_listens_on_loopback_only_and_stops_with_its_daemon(orbit_home,
     assert_clean_log(daemon_log)
     assert "/server_info" not in web  # 200s of the access log are dropped
     assert re.search(r"Serving dagster-webserver on http://127\.0\.0\.1:\d+", web)
+
+
+def test_orbit_code_server_serves_a_daemon_pointed_at_it_and_outlives_its_stop(orbit_home, tmp_path):
+    """The code server as a service of its own (systemd, docs/deploy.md): `orbit daemon` with
+    ORBIT_CODE_SERVER starts none, uses that one, and leaves it running when stopped."""
+    socket = tmp_path / "cs.sock"
+    server = start(["code-server", "--socket", str(socket)], tmp_path / "cs.out", tmp_path / "cs.err")
+    daemon = None
+    try:
+        wait_for(lambda: "code server answers at" in (tmp_path / "cs.err").read_text(), timeout=240, every=1,
+                 what="the code server")
+        env = {**os.environ, "ORBIT_CODE_SERVER": f"unix:{socket}"}
+        daemon = subprocess.Popen([sys.executable, "-m", "orbit_dagster.cli", "daemon"], env=env,
+                                  stdout=open(tmp_path / "d.out", "w"), stderr=open(tmp_path / "d.err", "w"),
+                                  stdin=subprocess.DEVNULL, preexec_fn=ignore_stop_signals)
+        wait_for(lambda: "daemon up after" in (tmp_path / "d.err").read_text(), timeout=180, every=1,
+                 what="the daemon's heartbeat")
+        assert code_servers(orbit_home) == [server_pid(server)]
+        assert stop_and_time(daemon) < 30 and daemon.returncode == 0
+        assert server.poll() is None and code_servers(orbit_home) == [server_pid(server)]
+        status = (tmp_path / "d.err").read_text()
+        assert "started code server" not in status and f"using the code server at unix:{socket}" in status
+        assert stop_and_time(server) < 30 and server.returncode == 0
+    finally:
+        for p in (server, daemon):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+def server_pid(supervisor: subprocess.Popen) -> int:
+    (pid,) = [p for p in descendants(supervisor.pid) if b"api\0grpc" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    return pid
 
 
 @pytest.mark.slow  # minutes of a whole machine: `make test-all`

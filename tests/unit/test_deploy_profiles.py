@@ -117,9 +117,6 @@ def test_log_lines_lose_colour_codes_and_per_tick_noise():
 
 def test_ticks_cut_off_by_a_stop_are_one_count_while_running_errors_stay_whole():
     import io
-    from types import SimpleNamespace
-
-    from orbit_dagster.services import Child
 
     tick_error = ["2026-11-30 20:18:26 +0000 - dagster.daemon.SensorDaemon - ERROR - Sensor tick caught an error\n",
                   "Traceback (most recent call last):\n", '  File "sensor.py", line 649\n',
@@ -129,13 +126,18 @@ def test_ticks_cut_off_by_a_stop_are_one_count_while_running_errors_stay_whole()
     after = "2026-11-30 20:18:27 +0000 - dagster.daemon - INFO - Daemon threads shut down.\n"
 
     def pumped(stopping: bool) -> tuple[str, int]:
-        out = io.StringIO()
-        child = Child("dagster-daemon", [], out, proc=SimpleNamespace(stdout=io.StringIO("".join(tick_error * 2)
-                                                                                          + after)))
+        import threading
+
+        from orbit_dagster.services import LogPump, SafeWriter
+
+        out, flag = io.StringIO(), threading.Event()
+        pump = LogPump("dagster-daemon", -1, SafeWriter(out), None, flag)
         if stopping:
-            child.stopping.set()
-        child._pump()
-        return out.getvalue(), child.cut_off
+            flag.set()
+        for line in tick_error * 2 + [after]:
+            pump.line(line)
+        pump.flush()
+        return out.getvalue(), pump.cut_off
 
     text, cut = pumped(stopping=True)
     assert (text, cut) == (after, 10)
