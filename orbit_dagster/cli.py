@@ -230,9 +230,19 @@ def cost(by: str, experiment: str | None, job_id: str | None, as_json: bool) -> 
 @cli.command()
 @click.argument("query")
 @click.option("--json", "as_json", is_flag=True)
-def sql(query: str, as_json: bool) -> None:
-    """Run one read-only SELECT on the ledger (the tables and views of `duckdb ledger.duckdb`)."""
-    _print_df(_settings().ledger().query(query), as_json)
+@click.option("--timeout", "timeout_s", type=float, default=None, metavar="SECONDS",
+              help="stop the query after this long (default: ORBIT_SQL_TIMEOUT_S, else 60)")
+def sql(query: str, as_json: bool, timeout_s: float | None) -> None:
+    """Run one read-only SELECT on the ledger (the tables and views of `duckdb ledger.duckdb`).
+
+    Bounded: a timeout, ORBIT_SQL_MEMORY (default 1GiB), a spill of ORBIT_SQL_TEMP_SIZE (4GiB)
+    in the ledger's tmp/, a query of ORBIT_SQL_MAX_QUERY_CHARS (65536)."""
+    from .ledger.limits import SqlLimits
+    from .ledger.queries import sql as run_sql
+
+    limits = SqlLimits.from_env(timeout_s=timeout_s)  # a bad setting is refused before the ledger opens
+    _print_df(run_sql(_settings().ledger(), query, timeout_s=limits.timeout_s if timeout_s is not None else None),
+              as_json)
 
 
 @cli.command()
