@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import click
 
@@ -88,10 +87,10 @@ def cancel(job: str) -> None:
 
 
 @cli.command("import-run")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory")  # a plain string: the importer checks it (click's Path stats it, and a NUL raises)
 @click.option("--experiment", default=None)
 @click.option("--name", default=None)
-def import_run(directory: Path, experiment: str | None, name: str | None) -> None:
+def import_run(directory: str, experiment: str | None, name: str | None) -> None:
     """Register a run trained outside the platform, with its checkpoints."""
     from .control.importer import import_run as do_import
 
@@ -101,6 +100,8 @@ def import_run(directory: Path, experiment: str | None, name: str | None) -> Non
 
     result = do_import(_settings(), directory, experiment=experiment, name=name, progress=bar)
     _register_partitions(result["checkpoints"])
+    if result.get("note"):
+        click.echo(f"note: {result['note']}", err=True)
     click.echo(json.dumps(result))
 
 
