@@ -12,8 +12,9 @@ Three doors, one set of names (the tables of `schema.py` and its views):
 DuckDB reads the store without indexes, so the control plane's own hot questions go to
 the store (`store.py`); this face is for analysis, where a scan is what one wants.
 
-Every query is bounded (`limits.py`): a statement timeout (a timer interrupts the
-connection; the worker process is killed if that does not stop it), DuckDB's memory limit
+Every query is bounded (`limits.py`): a statement timeout (a watchdog thread interrupts
+the connection at the deadline and again until the query ends; the worker process is
+killed if that does not stop it), DuckDB's memory limit
 (also the most a fetched result may take), a spill directory of bounded size in the
 ledger's own `tmp/`, and a bound on the SQL text. All are set before the connection locks
 its configuration, so no query can change them. A refused or stopped query leaves the face
@@ -179,6 +180,8 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> str:
         raise SqlRefused("the query is empty", field="QUERY", value=sql, fix=fix)
     try:
         statements = con.extract_statements(sql)
+    except duckdb.InterruptException:
+        raise  # the timeout, not a parse error
     except duckdb.Error as exc:
         raise SqlRefused(f"the query does not parse: {str(exc).splitlines()[0]}", field="QUERY", value=sql[:200],
                          fix=fix) from None
@@ -204,9 +207,12 @@ def _run(con: duckdb.DuckDBPyConnection, sql: str, limits: SqlLimits, spill: Pat
     """Check and run one query within the limits; a DataFrame, or the OrbitError naming why not."""
     if isinstance(sql, str) and len(sql) > limits.max_query_chars:
         raise limits.query_too_long(len(sql))
-    timer = threading.Timer(limits.timeout_s, con.interrupt)  # DuckDB has no statement timeout
-    timer.daemon = True
-    timer.start()
+    import pandas  # noqa: F401 - imported before the clock starts: a slow first import is not the query's time
+
+    done = threading.Event()
+    watchdog = threading.Thread(target=_interrupt_after, args=(con, limits.timeout_s, done), daemon=True,
+                                name="orbit-sql-timeout")
+    watchdog.start()
     try:
         check_read_only(con, sql)
         return _fetch(con, sql, limits)
@@ -220,7 +226,18 @@ def _run(con: duckdb.DuckDBPyConnection, sql: str, limits: SqlLimits, spill: Pat
         raise OrbitError(f"query failed: {str(exc).splitlines()[0][:300]}", field="QUERY", value=sql[:200],
                          fix="list tables and views with: SELECT table_name FROM information_schema.tables") from None
     finally:
-        timer.cancel()
+        done.set()
+
+
+def _interrupt_after(con: duckdb.DuckDBPyConnection, seconds: float, done: threading.Event) -> None:
+    """DuckDB has no statement timeout: interrupt the connection at the deadline, and again
+    every 0.1 s until the query ends (an interrupt that lands between two statements, before
+    the query has started, is lost)."""
+    if done.wait(seconds):
+        return
+    while not done.is_set():
+        con.interrupt()
+        done.wait(0.1)
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, sql: str, limits: SqlLimits):

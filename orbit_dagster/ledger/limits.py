@@ -3,8 +3,10 @@ long its text may be. Each is read from the environment (or given per call) and 
 refusal names the limit, its value and the setting that changes it.
 
 - `ORBIT_SQL_TIMEOUT_S` (default 60; `orbit sql --timeout`): DuckDB has no statement
-  timeout, so a timer interrupts the connection at the limit; a query that does not stop
-  within `KILL_GRACE_S` more has its process killed (the face's worker, `face._Worker`);
+  timeout, so a watchdog interrupts the connection at the limit, and again every 0.1 s
+  until the query ends (one interrupt that lands before the query starts is lost); a
+  query that does not stop within `KILL_GRACE_S` more has its process killed (the face's
+  worker, `face._Worker`);
 - `ORBIT_SQL_MEMORY` (default 1GiB, at most this machine's memory): DuckDB's
   `memory_limit`; a fetched result may take a quarter of it (rows are fetched in chunks and
   counted, so a huge result is refused before it is all in memory: the frame is joined,

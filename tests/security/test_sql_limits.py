@@ -14,12 +14,15 @@ import io
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from orbit_dagster.cli import main
 from orbit_dagster.control.settings import Settings
+from tests.postgres import postgres  # noqa: F401 - fixture
 from tests.security.measure import orbit
 
 ENDLESS = "SELECT count(*) FROM range(1000000000000)"
@@ -171,3 +174,43 @@ def test_a_bad_limit_setting_is_one_line_naming_it(home, monkeypatch, env, args,
     code, out, err = run(["sql", "SELECT 1", *args])
     assert code == 2 and err.startswith(f"error: {field}") and "fix:" in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_the_postgresql_face_is_bounded_the_same_way(postgres):
+    """The team profile's face runs in the asking process (no worker): the same timer stops
+    its query, the same memory limit holds, and the next query answers."""
+    from orbit_dagster.ledger import Ledger
+    from orbit_dagster.ledger.face import face_query
+    from orbit_dagster.ledger.limits import SqlLimitExceeded, SqlLimits
+
+    ledger = Ledger.open(postgres.url(postgres.create_database(), driver="psycopg"))
+    limits = SqlLimits.from_env(timeout_s=1)
+    start = time.monotonic()
+    with pytest.raises(SqlLimitExceeded, match="timeout of 1 s"):
+        face_query(ledger, ENDLESS, limits)
+    assert time.monotonic() - start < 30
+    with pytest.raises(SqlLimitExceeded, match="ORBIT_SQL_MEMORY"):
+        face_query(ledger, "SELECT length(list(range)) FROM range(100000000)", SqlLimits.from_env(memory="64MiB"))
+    assert face_query(ledger, "SELECT count(*) AS n FROM jobs", limits)["n"].tolist() == [0]
+
+
+def test_the_timeout_holds_when_the_deadline_passes_before_the_query_starts(orbit_home):
+    """Found here: a one-shot timer whose interrupt landed before DuckDB had started the
+    query (a slow first import of pandas, a slow check) was lost, and the query then ran
+    unbounded. Run in a process of its own with a deadline: a regression fails, never hangs."""
+    snippet = (
+        "import time, duckdb\n"
+        "from orbit_dagster.ledger import face\n"
+        "from orbit_dagster.ledger.limits import SqlLimits, SqlLimitExceeded\n"
+        "real = face.check_read_only\n"
+        "def slow(con, sql):\n    time.sleep(1.0)\n    return real(con, sql)\n"  # the deadline passes in here
+        "face.check_read_only = slow\n"
+        "con = duckdb.connect(':memory:')\n"
+        "t = time.monotonic()\n"
+        "try:\n"
+        f"    face._run(con, {ENDLESS!r}, SqlLimits.from_env(timeout_s=0.3), None)\n"
+        "except SqlLimitExceeded as exc:\n"
+        "    print(f'{time.monotonic() - t:.2f}', exc)\n")
+    proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "ORBIT_HOME": str(orbit_home)})
+    assert "timeout of 0.3 s" in proc.stdout, (proc.stdout, proc.stderr[-500:])
