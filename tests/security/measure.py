@@ -40,7 +40,7 @@ def orbit(args: list[str], *, home: Path, env: dict | None = None, cwd: Path | N
     """`orbit ARGS` in a subprocess; a regression that hangs fails at `timeout`, never stalls the suite."""
     full_env = {**os.environ, "ORBIT_HOME": str(home), **(env or {})}
     start = time.monotonic()
-    # A session of its own: at the timeout the whole tree is killed (the CLI and its workers).
+    # Its own process group: at the timeout the whole tree is killed (the CLI and its workers).
     proc = subprocess.Popen([sys.executable, "-c", _WRAPPER, sys.executable, "-m", "orbit_dagster.cli", *args],
                             env=full_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
