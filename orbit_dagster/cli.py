@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import click
 
@@ -88,10 +87,10 @@ def cancel(job: str) -> None:
 
 
 @cli.command("import-run")
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory")  # a plain string: the importer checks it (click's Path stats it, and a NUL raises)
 @click.option("--experiment", default=None)
 @click.option("--name", default=None)
-def import_run(directory: Path, experiment: str | None, name: str | None) -> None:
+def import_run(directory: str, experiment: str | None, name: str | None) -> None:
     """Register a run trained outside the platform, with its checkpoints."""
     from .control.importer import import_run as do_import
 
@@ -101,6 +100,8 @@ def import_run(directory: Path, experiment: str | None, name: str | None) -> Non
 
     result = do_import(_settings(), directory, experiment=experiment, name=name, progress=bar)
     _register_partitions(result["checkpoints"])
+    if result.get("note"):
+        click.echo(f"note: {result['note']}", err=True)
     click.echo(json.dumps(result))
 
 
@@ -284,9 +285,19 @@ def cost(by: str, experiment: str | None, job_id: str | None, as_json: bool) -> 
 @cli.command()
 @click.argument("query")
 @click.option("--json", "as_json", is_flag=True)
-def sql(query: str, as_json: bool) -> None:
-    """Run one read-only SELECT on the ledger (the tables and views of `duckdb ledger.duckdb`)."""
-    _print_df(_settings().ledger().query(query), as_json)
+@click.option("--timeout", "timeout_s", type=float, default=None, metavar="SECONDS",
+              help="stop the query after this long (default: ORBIT_SQL_TIMEOUT_S, else 60)")
+def sql(query: str, as_json: bool, timeout_s: float | None) -> None:
+    """Run one read-only SELECT on the ledger (the tables and views of `duckdb ledger.duckdb`).
+
+    Bounded: a timeout, ORBIT_SQL_MEMORY (default 1GiB), a spill of ORBIT_SQL_TEMP_SIZE (4GiB)
+    in the ledger's tmp/, a query of ORBIT_SQL_MAX_QUERY_CHARS (65536)."""
+    from .ledger.limits import SqlLimits
+    from .ledger.queries import sql as run_sql
+
+    limits = SqlLimits.from_env(timeout_s=timeout_s)  # a bad setting is refused before the ledger opens
+    _print_df(run_sql(_settings().ledger(), query, timeout_s=limits.timeout_s if timeout_s is not None else None),
+              as_json)
 
 
 @cli.command()

@@ -1,6 +1,8 @@
 """What the `orbit` CLI says about a failure that is not an OrbitError: one line and an exit code.
 
 - a pydantic ValidationError: the field, the value and what it takes (exit 2);
+- a NUL byte in a path or name given on the command line (which every OS call refuses):
+  the argument that holds it (exit 2);
 - a full, over-quota, read-only or forbidden disk, or any other OSError: the path and the
   fix (exit 2). SQLite and DuckDB report a full disk in words rather than as an OSError;
   those words are recognised too;
@@ -65,11 +67,28 @@ def describe_failure(exc: BaseException, argv: list[str]) -> tuple[str, int]:
     damaged = ledger_damage_line(exc)
     if damaged is not None:
         return damaged, 2
+    if _nul_in_input(exc):
+        return nul_line(argv), 2
     disk = disk_error(exc)
     if disk is not None:
         code, path = disk
         return os_error_line(code, path, exc), 2
     return internal_error_line(exc, argv), 1
+
+
+def _nul_in_input(exc: BaseException) -> bool:
+    """A NUL byte in a path or name a person gave (Python refuses it in every OS call)."""
+    return isinstance(exc, ValueError) and "null byte" in str(exc)
+
+
+def nul_line(argv: list[str]) -> str:
+    """The argument that holds the NUL, named by its option (or its place) when it is one of argv."""
+    for i, arg in enumerate(argv):
+        if "\0" in arg:
+            before = argv[i - 1] if i and argv[i - 1].startswith("-") else None
+            field = before or f"argument {i}"
+            return f"error: {field} {show(arg)} holds a NUL byte; fix: give the path or name without it"
+    return "error: a path or name holds a NUL byte; fix: give it without one"
 
 
 def validation_line(exc) -> str:

@@ -22,9 +22,12 @@ from pathlib import Path
 from orbit_dagster.catalog import CatalogError, as_utc, shipped_file
 from orbit_dagster.catalog import price as parse_price
 from orbit_dagster.catalog.gpus import offer_spec_fields
+from orbit_dagster.core.bounded import memory_cap, read_bounded, size_text
+from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.core.offers import Offer
 
 ADVISOR_FILE = "aws_spot_advisor_gpu.json"
+MAX_PRICE_FILE_BYTES = 256 << 20
 HOURS_PER_MONTH = 365.25 * 24 / 12  # 730.5: the advisor's "month" as a constant-hazard window
 
 _ONE_GPU = ("xlarge", "2xlarge", "4xlarge", "8xlarge", "16xlarge")
@@ -244,7 +247,12 @@ class SpotPrice:
 def parse_spot_price_history(path: Path) -> list[SpotPrice]:
     """Parse tab-separated rows `az_id, instance_type, product, usd_per_hour, timestamp` (no header)."""
     out = []
-    raw = Path(path).read_bytes()
+    cap = memory_cap(MAX_PRICE_FILE_BYTES, 1 / 16)  # its rows are held as objects: several times its size
+    try:
+        raw = read_bounded(Path(path), cap, what=f"spot price file {Path(path).name}", field="prices",
+                           fix=f"keep the price file under {size_text(cap)} (only the recent rows are used)")
+    except OrbitError as exc:
+        raise CatalogError(str(exc).split("; fix: ")[0], field="prices", value=str(path), fix=exc.fix) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
+from orbit_dagster.core.bounded import memory_cap, printable_name, read_text_bounded, size_text
 from orbit_dagster.core.errors import OrbitError
 
 TraceKind = Literal["preemption", "availability", "multinode"]
@@ -121,14 +122,26 @@ def trace_from_dict(obj: Any, *, name: str, source: str | None = None) -> Trace:
     return Trace(name=name, gap_seconds=float(gap), data=values, prices=prices, kind=kind, metadata=extra)
 
 
+MAX_TRACE_BYTES = 256 << 20
+
+
 def load_trace(path: str | Path) -> Trace:
-    """Read one trace file (any format in SOURCES.md)."""
+    """Read one trace file (any format in SOURCES.md), size-checked before it is read."""
+    if not printable_name(str(path)):
+        raise TraceFormatError(f"trace path {str(path)[:80]!r} holds a NUL or other control character", field="trace",
+                               value=str(path)[:200], fix="pass the trace file's path as it is written")
     p = Path(path)
     if not p.is_file():
         raise TraceFormatError(f"trace file {p} does not exist", field="trace", value=str(p),
                                fix="pass the path of a spot-trace JSON file")
+    cap = memory_cap(MAX_TRACE_BYTES, 1 / 16)  # parsed into Python objects: ~10x its size in memory
     try:
-        obj = json.loads(p.read_text())
+        text = read_text_bounded(p, cap, what=f"trace {p}", field="trace",
+                                 fix=f"pass a trace of at most {size_text(cap)} (split a longer one by time)")
+    except OrbitError as err:  # too large, or not UTF-8: a TraceFormatError like every other refusal here
+        raise TraceFormatError(str(err).split("; fix: ")[0], field="trace", value=str(p), fix=err.fix) from None
+    try:
+        obj = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as err:
         raise TraceFormatError(f"trace {p} is not valid JSON ({err})", field="<document>", value=str(p),
                                fix="pass a spot-trace JSON file (skypilot-org/spot-traces format)") from err

@@ -8,6 +8,7 @@ value is its most recent evaluation's (`eval_latest`, kept on write by the ledge
 """
 from __future__ import annotations
 
+from ..core.config_schema import show
 from ..core.errors import NotFound, OrbitError
 from ..core.metrics import BestChoice, Candidate, resolve_primary_metric, training_counterpart
 from ..ledger import Ledger, utcnow
@@ -22,13 +23,14 @@ def set_primary_metric(ledger: Ledger, *, name: str, mode: str, experiment: str 
         raise OrbitError("give an experiment or a project, not both", field="--experiment/--project",
                          fix="orbit metric set eval/loss min --project P")
     if mode not in ("min", "max"):
-        raise OrbitError(f"mode {mode!r} is not min or max", field="mode", value=mode, fix="min or max")
-    if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        raise OrbitError(f"metric name {name!r} is not valid", field="name", value=name, fix="e.g. eval/loss")
+        raise OrbitError(f"mode {show(mode)} is not min or max", field="mode", value=mode, fix="min or max")
+    if not isinstance(name, str) or not name.strip() or len(name) > 200 or not name.isprintable():
+        raise OrbitError(f"metric name {show(name)} is not valid", field="name", value=name,
+                         fix="1 to 200 printable characters, e.g. eval/loss")
     table, key, value = ("experiments", "experiment", experiment) if experiment else ("projects", "project", project)
     with ledger.write() as tx:
         if not tx.one(f"SELECT 1 AS x FROM {table} WHERE {key} = ?", [value]):
-            raise NotFound(f"no {key} {value!r}", field=key, value=value,
+            raise NotFound(f"no {key} {show(value)}", field=key, value=value,
                            fix=f"list them with `orbit sql \"SELECT {key} FROM {table}\"`")
         tx.execute(f"UPDATE {table} SET primary_metric = ?, primary_mode = ?, updated_at = ? WHERE {key} = ?",
                    [name, mode, utcnow(), value])

@@ -7,25 +7,40 @@ Layout of DIR:
                           dict with "model" and "step"); or orbit's own checkpoint
                           directories (with manifest.json), verified as they are.
 
-Everything in DIR is untrusted input: names are confined to the store (no `..`, absolute
-paths or symlinks out), every state is loaded with `weights_only=True` (data, never code)
-and its weights hashed before anything is registered, and a refused import leaves nothing
-behind (checkpoints copied so far are removed, the ledger is written in one transaction at
-the end). The run becomes a job like any other (`imported`), so it appears wherever jobs
-do; with a `template`, a bundle is frozen for it and its checkpoints are evaluated too.
+Everything in DIR is untrusted input, data and never code:
+- nothing of DIR is executed: the `template` of run.json must name an installed template
+  (shipped, `ORBIT_TEMPLATES` or `$ORBIT_HOME/templates`): a template is code (loading it
+  imports its workload's `config.py`), so a template path, or a name not installed, is not
+  loaded: the run is registered without a config schema (not evaluated) and the output
+  says so;
+- names are confined to the store (no `..`, absolute paths, symlinks out, NUL or other
+  control characters), and every refusal is one OrbitError naming the file or field;
+- every file's size is checked with stat before it is read, then it is read in chunks that
+  stop at its allowance: a file in a manifest at its declared size + 1 byte (hashed while
+  read), a state at a quarter of this machine's memory (it is loaded whole to check it),
+  run.json and manifests at a few MiB, metrics.jsonl line by line;
+- every state is loaded with `weights_only=True` and its weights hashed before anything is
+  registered; a refused import leaves nothing behind (checkpoints copied so far are
+  removed, the ledger is written in one transaction at the end).
+The run becomes a job like any other (`imported`), so it appears wherever jobs do; with an
+installed `template`, a bundle is frozen for it and its checkpoints are evaluated too.
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import json
+import math
 import pickle
 import re
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..core.bounded import check_size, memory_cap, printable_name, read_bounded, read_text_bounded, size_text
 from ..core.bundle import JobBundle, build_bundle
+from ..core.config_schema import show
 from ..core.errors import OrbitError
+from ..core.templates import installed_template
 from ..core.lifecycle import JobState
 from ..ledger import utcnow
 from ..ledger import records as R
@@ -35,7 +50,17 @@ from .settings import Settings
 from .submit import ensure_experiment
 
 STEP_RE = re.compile(r"(\d{1,12})$")
-MAX_STATE_BYTES = 64 << 30
+MAX_STATE_BYTES = 64 << 30  # a checkpoint's files together, at most a quarter of this machine's memory
+MAX_META_BYTES = 4 << 20  # run.json
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_METRICS_BYTES = 4 << 30  # metrics.jsonl, at most an eighth of memory (its rows are held until registered)
+MAX_METRIC_LINE = 64 << 10
+MAX_METRIC_NAME = 200
+
+
+def checkpoint_cap() -> int:
+    """The most a checkpoint's files may hold: each is read into memory (and a state loaded)."""
+    return memory_cap(MAX_STATE_BYTES, 0.25)
 
 
 def _refuse(message: str, *, field: str, value: object = None, fix: str) -> OrbitError:
@@ -49,12 +74,16 @@ def _weights_digest(blob: bytes, where: str) -> tuple[str, int | None]:
 
     try:
         state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)  # data, never code
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError, TypeError) as exc:
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError, TypeError, KeyError, IndexError,
+            RecursionError, OverflowError) as exc:
         raise _refuse(f"{where} is not a weights-only torch state ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})",
                       field=where, fix="save plain tensors and numbers: torch.save({'model': model.state_dict(), "
                                        "'step': N}, 'state.pt')") from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise _refuse(f"{where} holds no 'model' state dict", field=where, fix="save {'model': ..., 'step': N}")
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state["model"].items()):
+        raise _refuse(f"{where}: its 'model' state dict is not names to tensors", field=where,
+                      fix="save model.state_dict() as it is: {'model': model.state_dict(), 'step': N}")
     return weights_digest(state["model"]), state.get("step")
 
 
@@ -62,10 +91,22 @@ def _regular_file(path: Path, root: Path) -> Path:
     if path.is_symlink() or not path.resolve().is_relative_to(root):
         raise _refuse(f"{path.relative_to(root)} is a link; imported files must be regular files inside DIR",
                       field="DIR", value=str(path), fix="copy the files instead of linking them")
-    if path.stat().st_size > MAX_STATE_BYTES:
-        raise _refuse(f"{path.relative_to(root)} is larger than {MAX_STATE_BYTES >> 30} GiB", field="DIR",
-                      value=str(path), fix="import smaller checkpoints")
     return path
+
+
+def _read(path: Path, root: Path, cap: int, *, declared: int | None = None, digest=None) -> bytes:
+    """A file of DIR, size-checked before it is read and read in bounded chunks."""
+    rel = str(path.relative_to(root))
+    fix = ("re-export it; a corrupt checkpoint is never imported" if declared is not None else
+           f"import files of at most {size_text(cap)} (a quarter of this machine's memory: each is loaded to check it)")
+    return read_bounded(_regular_file(path, root), cap, what=rel, field=rel, fix=fix, declared=declared, digest=digest)
+
+
+def _json(text: str, what: str, fix: str):
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested thousands deep
+        raise _refuse(f"{what} is not JSON: {' '.join(str(exc).split())[:160]}", field=what, fix=fix) from None
 
 
 def _collect(directory: Path) -> list[tuple[int, Path]]:
@@ -82,24 +123,42 @@ def _collect(directory: Path) -> list[tuple[int, Path]]:
 
 
 def _files_of(d: Path, root: Path) -> tuple[dict[str, bytes], str]:
-    """The checkpoint's files and its weights digest, every name and byte checked."""
+    """The checkpoint's files and its weights digest, every name, size and byte checked."""
+    cap = checkpoint_cap()
     if (d / MANIFEST).is_file():
+        fix = "re-export the checkpoint"
+        text = read_text_bounded(_regular_file(d / MANIFEST, root), MAX_MANIFEST_BYTES, what=f"{d.name}/{MANIFEST}",
+                                 field=d.name, fix=fix)
         try:
-            m = CheckpointManifest.from_json(_regular_file(d / MANIFEST, root).read_text())
-        except (ValueError, TypeError, KeyError) as exc:
-            raise _refuse(f"{d.name}/{MANIFEST} is not a checkpoint manifest: {exc}", field=d.name,
-                          fix="re-export the checkpoint") from None
-        files = {}
-        for rel, info in m.files.items():
+            m = CheckpointManifest.from_json(text)
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:
+            raise _refuse(f"{d.name}/{MANIFEST} is not a checkpoint manifest: {' '.join(str(exc).split())[:160]}",
+                          field=d.name, fix=fix) from None
+        if not isinstance(m.files, dict):
+            raise _refuse(f"{d.name}/{MANIFEST}: 'files' is not a mapping", field=d.name, fix=fix)
+        declared, total = {}, 0
+        for rel, info in m.files.items():  # every name and size checked before any file is read
             try:
                 check_rel(rel, d.name)
             except StoreError as exc:
-                raise _refuse(str(exc), field=d.name, value=rel, fix="re-export the checkpoint") from None
-            data = _regular_file(d / rel, root).read_bytes()
-            if sha256_bytes(data) != info.get("sha256") or len(data) != int(info.get("bytes", -1)):
+                raise _refuse(str(exc).split("; fix: ")[0], field=d.name, value=rel, fix=fix) from None
+            size = info.get("bytes") if isinstance(info, dict) else None
+            if type(size) is not int or size < 0 or not isinstance(info.get("sha256"), str):
+                raise _refuse(f"{d.name}/{MANIFEST}: file {rel} has no sha256 and byte count", field=d.name, value=rel,
+                              fix=fix)
+            total += size
+            if total > cap:
+                raise _refuse(f"checkpoint {d.name} declares more than {size_text(cap)} of files (a quarter of this "
+                              "machine's memory: each is loaded to check it)", field=d.name, value=total,
+                              fix="import it on a machine with more memory, or import smaller checkpoints")
+            declared[rel] = (size, info["sha256"])
+        files = {}
+        for rel, (size, sha256) in declared.items():
+            digest = hashlib.sha256()
+            files[rel] = _read(d / rel, root, cap, declared=size, digest=digest)  # hashed while read
+            if digest.hexdigest() != sha256:
                 raise _refuse(f"checkpoint {d.name}: file {rel} does not match its manifest", field=d.name, value=rel,
                               fix="re-export it; a corrupt checkpoint is never imported")
-            files[rel] = data
         if "state.pt" not in files:
             raise _refuse(f"checkpoint {d.name} has no state.pt", field=d.name, fix="re-export it")
         weights, _ = _weights_digest(files["state.pt"], f"{d.name}/state.pt")
@@ -107,7 +166,7 @@ def _files_of(d: Path, root: Path) -> tuple[dict[str, bytes], str]:
             raise _refuse(f"checkpoint {d.name}: its weights do not match the manifest's weights_sha256", field=d.name,
                           fix="re-export it; the manifest was written for other weights")
         return files, weights
-    blob = _regular_file(d / "state.pt", root).read_bytes()
+    blob = _read(d / "state.pt", root, cap)
     weights, _ = _weights_digest(blob, f"{d.name}/state.pt")
     return {"state.pt": blob}, weights
 
@@ -116,21 +175,36 @@ def _metric_rows(directory: Path, job_id: str, experiment: str, keys: dict[int, 
     path = directory / "metrics.jsonl"
     if not path.is_file():
         return []
+    cap = memory_cap(MAX_METRICS_BYTES, 0.125)
+    check_size(_regular_file(path, directory), cap, what="metrics.jsonl", field="metrics.jsonl",
+               fix=f"keep metrics.jsonl under {size_text(cap)}: fewer points (every Nth step)")
     rows = []
-    for n, line in enumerate(_regular_file(path, directory).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            step = int(rec.pop("step"))
-            values = {str(k)[:200]: float(v) for k, v in rec.items()}
-        except (ValueError, TypeError, KeyError, AttributeError):
-            raise _refuse(f"metrics.jsonl line {n} is not {{\"step\": N, \"name\": number, ...}}", field="metrics.jsonl",
-                          value=line[:120], fix="one JSON object per line with an integer step") from None
-        for k, v in values.items():
-            rows.append({"job_id": job_id, "experiment": experiment, "run_id": R.run_id_for(job_id, 1),
-                         "checkpoint_key": keys.get(step), "step": step, "name": k, "value": v, "source": "train",
-                         "ts": utcnow()})
+    shape = "one JSON object per line with an integer step, e.g. {\"step\": 10, \"train/loss\": 2.5}"
+    with open(path, "rb") as fh:
+        for n, raw in enumerate(iter(lambda: fh.readline(MAX_METRIC_LINE + 1), b""), 1):
+            if len(raw) > MAX_METRIC_LINE:
+                raise _refuse(f"metrics.jsonl line {n} is longer than {MAX_METRIC_LINE} bytes", field="metrics.jsonl",
+                              value=n, fix=shape)
+            line = raw.decode("utf-8", errors="replace")
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                step = int(rec.pop("step"))
+                values = {k: float(v) for k, v in rec.items()}
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError):
+                raise _refuse(f"metrics.jsonl line {n} is not {{\"step\": N, \"name\": number, ...}}",
+                              field="metrics.jsonl", value=line[:120], fix=shape) from None
+            for k, v in values.items():
+                if not k or len(k) > MAX_METRIC_NAME or not printable_name(k):
+                    raise _refuse(f"metrics.jsonl line {n}: metric name {show(k)} is not a name (1 to {MAX_METRIC_NAME} "
+                                  "printable characters)", field="metrics.jsonl", value=k[:120], fix=shape)
+                if not math.isfinite(v):
+                    raise _refuse(f"metrics.jsonl line {n}: metric {k} = {v} is not a finite number",
+                                  field="metrics.jsonl", value=n, fix=shape)
+                rows.append({"job_id": job_id, "experiment": experiment, "run_id": R.run_id_for(job_id, 1),
+                             "checkpoint_key": keys.get(step), "step": step, "name": k, "value": v, "source": "train",
+                             "ts": utcnow()})
     return rows
 
 
@@ -138,17 +212,32 @@ def _meta(directory: Path) -> dict:
     path = directory / "run.json"
     if not path.is_file():
         return {}
-    try:
-        meta = json.loads(_regular_file(path, directory).read_text())
-    except ValueError as exc:
-        raise _refuse(f"run.json is not JSON: {exc}", field="run.json", fix="write a JSON object") from None
+    text = read_text_bounded(_regular_file(path, directory), MAX_META_BYTES, what="run.json", field="run.json",
+                             fix='run.json is a short JSON object, e.g. {"experiment": "imported"}')
+    meta = _json(text, "run.json", "write a JSON object")
     if not isinstance(meta, dict):
         raise _refuse("run.json is not a JSON object", field="run.json", fix='e.g. {"experiment": "imported"}')
     return meta
 
 
+def _template_of(meta: dict) -> tuple[str | None, str | None]:
+    """(the installed template run.json names, or None; a note when it names one that is not)."""
+    ref = meta.get("template")
+    if not ref:
+        return None, None
+    if installed_template(ref):
+        return ref, None
+    return None, (f"run.json names template {show(ref)}, which is not an installed template (shipped, ORBIT_TEMPLATES "
+                  "or $ORBIT_HOME/templates): a template is code and is not taken from the imported directory, so the "
+                  "run is registered without a config schema and its checkpoints are not evaluated; to evaluate them, "
+                  "install the template and import the run again with another --name")
+
+
 def import_run(settings: Settings, directory: Path, *, experiment: str | None = None, name: str | None = None,
                progress=None) -> dict:
+    if not printable_name(str(directory)):
+        raise _refuse(f"DIR {show(str(directory))} holds a NUL or other control character", field="DIR",
+                      value=str(directory), fix="give the directory's path as it is written")
     directory = Path(directory).expanduser().resolve()
     if not directory.is_dir():
         raise _refuse(f"{directory} is not a directory", field="DIR", value=str(directory),
@@ -166,8 +255,13 @@ def import_run(settings: Settings, directory: Path, *, experiment: str | None = 
     template, sub = None, None
     from .validate import validate_submission
 
-    if meta.get("template"):
-        template, sub = validate_submission(settings, str(meta["template"]), dict(meta.get("overrides") or {}),
+    name_of_template, note = _template_of(meta)
+    if name_of_template is not None:
+        overrides = meta.get("overrides") or {}
+        if not isinstance(overrides, dict):
+            raise _refuse(f"run.json: overrides is {type(overrides).__name__}, not a mapping", field="overrides",
+                          fix='e.g. "overrides": {"config.steps": 8}')
+        template, sub = validate_submission(settings, name_of_template, dict(overrides),
                                             experiment=experiment, project=project)
     else:  # the names are checked the same way with or without a template
         validate_names(experiment, project)
@@ -194,8 +288,11 @@ def import_run(settings: Settings, directory: Path, *, experiment: str | None = 
             except StoreError:
                 pass
         raise
-    return {"job_id": job_id, "experiment": experiment, "checkpoints": [r["checkpoint_key"] for r in rows],
-            "evaluable": template is not None}
+    result = {"job_id": job_id, "experiment": experiment, "checkpoints": [r["checkpoint_key"] for r in rows],
+              "evaluable": template is not None}
+    if note:
+        result["note"] = note
+    return result
 
 
 def validate_names(experiment: str, project: str) -> None:

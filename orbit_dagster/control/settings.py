@@ -23,7 +23,7 @@ def _seconds(name: str, default: float, *, zero_ok: bool = False) -> float:
         value = -1.0
     if not (value >= 0 if zero_ok else value > 0) or value == float("inf"):
         kind = "a number of seconds >= 0" if zero_ok else "a positive number of seconds"
-        raise OrbitError(f"{name}={text!r} is not {kind}", field=name, value=text, fix=f"e.g. {name}={default:g}")
+        raise OrbitError(f"{name}={str(text)[:64]!r} is not {kind}", field=name, value=text, fix=f"e.g. {name}={default:g}")
     return value
 
 

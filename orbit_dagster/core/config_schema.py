@@ -15,6 +15,7 @@ should declare the schema and nothing else.
 from __future__ import annotations
 
 import hashlib
+import reprlib
 import sys
 import types
 from pathlib import Path
@@ -32,16 +33,39 @@ EXAMPLE = "orbit_dagster/workloads/charlm/config.py"
 FiniteFloat = Annotated[float, Strict(), AllowInfNan(False)]
 
 _SHOWN_CHARS = 60
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 3, 8, 8, 8, 8
+_REPR.maxstring, _REPR.maxlong, _REPR.maxother = _SHOWN_CHARS, 40, _SHOWN_CHARS
 _cache: dict[tuple[str, int, int], type[BaseModel]] = {}
 
 
 def show(value: object) -> str:
-    """A value as an error message shows it: repr, cut short (a 1 MiB string stays one short line)."""
-    text = repr(value)
+    """A value as an error message shows it: repr, cut short (a 1 MiB string stays one short
+    line). Cut before it is formatted: a string by its head, anything else through a repr
+    bounded in depth and breadth, so a value of 10^9 shared parts (a YAML alias bomb) costs
+    no more to show than a small one."""
+    if isinstance(value, str):
+        head = repr(value[:_SHOWN_CHARS])
+        if len(value) <= _SHOWN_CHARS and len(head) <= _SHOWN_CHARS:
+            return head
+        return f"{head[:_SHOWN_CHARS]}... ({len(value)} characters)"
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # noqa: BLE001 - a value whose repr fails (an int of 10^5 digits) is named by its type
+        text = f"<{type(value).__name__}>"
     if len(text) <= _SHOWN_CHARS:
         return text
-    size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} characters as text"
-    return f"{text[:_SHOWN_CHARS]}... ({size})"
+    return f"{text[:_SHOWN_CHARS]}... ({_extent(value)})"
+
+
+def _extent(value: object) -> str:
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return f"{type(value).__name__} of {len(value)} items"
+    if isinstance(value, dict):
+        return f"mapping of {len(value)} keys"
+    if isinstance(value, (bytes, bytearray)):
+        return f"{len(value)} bytes"
+    return type(value).__name__
 
 
 def reason(exc: BaseException) -> str:

@@ -2,16 +2,28 @@
 from __future__ import annotations
 
 
+MAX_MESSAGE_CHARS = 1500  # an error is a line a person reads: a message quoting a huge value is cut here too
+MAX_FIX_CHARS = 1000
+
+
+def _cut(text: str, limit: int) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
 class OrbitError(Exception):
-    """A user-facing error. The CLI prints `str(err)` on one line, no traceback."""
+    """A user-facing error. The CLI prints `str(err)` on one line, no traceback.
+
+    `value` is kept as given (for code that inspects it), never formatted here; messages
+    quote values through `config_schema.show`, which cuts them before formatting."""
 
     def __init__(self, message: str, *, field: str | None = None, value: object = None, fix: str | None = None):
         self.field = field
         self.value = value
         self.fix = fix
-        parts = [message]
+        parts = [_cut(message, MAX_MESSAGE_CHARS)]
         if fix:
-            parts.append(f"fix: {fix}")
+            parts.append(f"fix: {_cut(fix, MAX_FIX_CHARS)}")
         super().__init__("; ".join(parts))
 
 

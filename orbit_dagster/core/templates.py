@@ -3,12 +3,20 @@
 A template is valid only together with its workload's config schema (`config.py`, see
 `config_schema`): loading one validates its `config:` against the schema and fills in the
 schema's defaults, so a template in hand always holds the complete, typed config.
+
+A template is therefore code: loading it imports its workload's `config.py`. Templates are
+loaded only from the shipped set, the user's directory (`ORBIT_TEMPLATES`, else
+`$ORBIT_HOME/templates`) and a path a person gives (`orbit submit ./mine.yaml`); data from
+outside (an imported run's `run.json`) may only name an installed one (`installed_template`).
+Each file is size-checked before it is read, and its YAML expansion is bounded
+(`safe_yaml`: an alias bomb is refused, not expanded).
 """
 from __future__ import annotations
 
 import copy
 import hashlib
 import os
+import re
 from importlib import resources as importlib_resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -17,6 +25,8 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, StrictInt, StringConstraints, ValidationError, ValidationInfo,
                       field_validator)
 
+from . import safe_yaml
+from .bounded import read_text_bounded
 from .config_schema import FiniteFloat, config_schema, readable, reason, show, validate_config
 from .errors import OrbitError, TemplateError
 from .execution import EnvName, EnvValue, LaunchMode, Placement, Resources
@@ -174,6 +184,7 @@ def typed_template(raw: dict, *, context: str, error: type[OrbitError] = Templat
 
     The config goes first: the whitelist may name a config key the YAML leaves to the
     schema's default, and it exists only once the schema has filled it in."""
+    _refuse_nul(raw, context=context, error=error)
     workload = raw.get("workload")
     if isinstance(workload, str) and 0 < len(workload) <= MAX_WORKLOAD_CHARS and "\0" not in workload:
         schema = config_schema(workload)
@@ -185,14 +196,33 @@ def typed_template(raw: dict, *, context: str, error: type[OrbitError] = Templat
         raise readable(exc, TaskTemplate, error=error, context=context, overrides=overrides) from None
 
 
+def _refuse_nul(raw: Any, *, context: str, error: type[OrbitError]) -> None:
+    """No string of a template (key or value, at any depth) holds a NUL byte: no path, name,
+    environment variable or ledger row can (the document's size is bounded by `safe_yaml`)."""
+    stack: list[tuple[str, Any]] = [("", raw)]
+    while stack:
+        where, node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, (list, tuple)) else ()
+        for key, value in items:
+            path = f"{where}.{key}" if where else str(key)
+            for text in (key, value):
+                if isinstance(text, str) and "\0" in text:
+                    field = path if len(path) <= 128 and path.isprintable() else show(path)
+                    raise error(f"{context}: field {field} holds a NUL byte (value: {show(text)})", field=field,
+                                value=text, fix=f"remove the NUL (\\0) from {field}")
+            if isinstance(value, (dict, list, tuple)):
+                stack.append((path, value))
+
+
 def user_template_dir() -> Path | None:
-    """`$ORBIT_TEMPLATES` if set, else `$ORBIT_HOME/templates` if it exists."""
+    """`$ORBIT_TEMPLATES` if set, else `$ORBIT_HOME/templates` (the home's default is
+    `./.orbit`, as everywhere) if it exists."""
     explicit = os.environ.get("ORBIT_TEMPLATES")
     if explicit:
         return Path(explicit)
-    home = os.environ.get("ORBIT_HOME")
-    if home and (Path(home) / "templates").is_dir():
-        return Path(home) / "templates"
+    home = Path(os.environ.get("ORBIT_HOME") or ".orbit").expanduser()
+    if (home / "templates").is_dir():
+        return home / "templates"
     return None
 
 
@@ -216,19 +246,35 @@ def list_templates(extra_dirs: list[Path] | None = None) -> list[str]:
     return sorted(_template_files(extra_dirs))
 
 
+def installed_template(ref: object) -> bool:
+    """Is `ref` the name of an installed template (shipped, `ORBIT_TEMPLATES` or
+    `$ORBIT_HOME/templates`)? A path never is: what names a template from outside data must
+    not bring a template (and its workload's code) of its own."""
+    return isinstance(ref, str) and re.fullmatch(TEMPLATE_NAME, ref) is not None and ref in _template_files()
+
+
+def _src(source: str) -> str:
+    """A template's name or path as messages show it: as written when short and printable."""
+    return source if len(source) <= 200 and source.isprintable() else show(source)
+
+
 def parse_template(text: str, *, source: str) -> TaskTemplate:
     if len(text) > MAX_TEMPLATE_BYTES:
-        raise TemplateError(f"template {source} is {len(text)} characters long, more than {MAX_TEMPLATE_BYTES}",
+        raise TemplateError(f"template {_src(source)} is {len(text)} characters long, more than {MAX_TEMPLATE_BYTES}",
                             field="template", value=source, fix="a template is a short recipe: move data into inputs")
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        raw = safe_yaml.load(text)
+    except safe_yaml.YamlRefused as exc:
+        raise TemplateError(f"template {_src(source)} is refused: {exc}", field="template", value=source,
+                            fix="write the values out, or use YAML anchors (&name / *name) only for small blocks "
+                                f"(at most {safe_yaml.MAX_NODES} values once expanded)") from None
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an integer of more than 4300 digits
         where = " ".join(str(exc).split())[:300]  # the parser quotes the offending line: keep it short
-        raise TemplateError(f"template {source} is not valid YAML: {where}", field="template", value=source,
+        raise TemplateError(f"template {_src(source)} is not valid YAML: {where}", field="template", value=source,
                             fix="correct the YAML syntax") from None
     if not isinstance(raw, dict):
-        raise TemplateError(f"template {source} must be a YAML mapping", fix="start the file with `name: ...`")
-    return typed_template(raw, context=f"template {source}")
+        raise TemplateError(f"template {_src(source)} must be a YAML mapping", fix="start the file with `name: ...`")
+    return typed_template(raw, context=f"template {_src(source)}")
 
 
 def load_template(name_or_path: str, extra_dirs: list[Path] | None = None) -> TaskTemplate:
@@ -245,19 +291,29 @@ def load_template(name_or_path: str, extra_dirs: list[Path] | None = None) -> Ta
             value=name_or_path,
             fix=f"use one of: {', '.join(sorted(files)) or '(none)'}, or a path to a .yaml file",
         )
-    return parse_template(files[name_or_path].read_text(), source=name_or_path)
+    entry = files[name_or_path]
+    if isinstance(entry, Path):  # the user's directory: checked as a file given by path is
+        text = _read_template_file(str(entry), shown=name_or_path)
+        if text is None:
+            raise TemplateError(f"template {show(name_or_path)} ({entry}) is not a regular file", field="template",
+                                value=name_or_path, fix="make it a file, or remove it from the templates directory")
+        return parse_template(text, source=name_or_path)
+    return parse_template(entry.read_text(encoding="utf-8"), source=name_or_path)  # shipped
 
 
-def _read_template_file(name: str) -> str | None:
-    """The text of a template given by path; None when no such file (then it is looked up by name)."""
+def _read_template_file(name: str, *, shown: str | None = None) -> str | None:
+    """The text of a template given by path; None when no such file (then it is looked up by
+    name). Its size is checked before a byte is read, and it is read in bounded chunks."""
+    shown = name if shown is None else shown
     try:
         path = Path(name)
         if not path.is_file():
             return None
-        if path.stat().st_size > MAX_TEMPLATE_BYTES:
-            raise TemplateError(f"template {show(name)} is larger than {MAX_TEMPLATE_BYTES} bytes",
-                                field="template", value=name, fix="a template is a short recipe")
-        return path.read_text(encoding="utf-8")
-    except (OSError, ValueError) as exc:  # unreadable, a name too long, a NUL byte, not UTF-8
-        raise TemplateError(f"template file {show(name)} cannot be read: {reason(exc)}", field="template", value=name,
+        return read_text_bounded(path, MAX_TEMPLATE_BYTES, what=f"template {_src(shown)}", field="template",
+                                 fix="a template is a short recipe: move data into the workload's inputs")
+    except OrbitError as exc:
+        raise TemplateError(str(exc).split("; fix: ")[0], field="template", value=shown, fix=exc.fix) from None
+    except (OSError, ValueError) as exc:  # unreadable, a name too long, a NUL byte
+        raise TemplateError(f"template file {show(shown)} cannot be read: {reason(exc)}", field="template",
+                            value=shown,
                             fix="give a readable .yaml file or a template name (`orbit templates` lists them)") from None

@@ -12,6 +12,14 @@ Three doors, one set of names (the tables of `schema.py` and its views):
 DuckDB reads the store without indexes, so the control plane's own hot questions go to
 the store (`store.py`); this face is for analysis, where a scan is what one wants.
 
+Every query is bounded (`limits.py`): a statement timeout (a watchdog thread interrupts
+the connection at the deadline and again until the query ends; the worker process is
+killed if that does not stop it), DuckDB's memory limit
+(also the most a fetched result may take), a spill directory of bounded size in the
+ledger's own `tmp/`, and a bound on the SQL text. All are set before the connection locks
+its configuration, so no query can change them. A refused or stopped query leaves the face
+ready for the next one.
+
 A SQLite store is read by DuckDB in a process of its own (`_Worker`), never in a process
 that holds the store open through Python's sqlite3: DuckDB's sqlite extension carries its
 own copy of SQLite, and when that copy closes the file the kernel drops every POSIX lock
@@ -21,6 +29,8 @@ and a file), after which another process may rebuild the WAL index under them.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +38,7 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from ..core.errors import OrbitError
+from .limits import KILL_GRACE_S, SqlLimitExceeded, SqlLimits
 from .schema import TABLES, VIEWS, view_sql
 
 if TYPE_CHECKING:
@@ -39,6 +50,7 @@ SAFE_TABLE_FUNCTIONS = frozenset({
     "range", "generate_series", "unnest", "json_each", "json_tree",
     "duckdb_tables", "duckdb_views", "duckdb_columns", "duckdb_schemas", "duckdb_constraints",
 })
+FETCH_VECTORS = 50  # rows are fetched ~100k at a time, each chunk counted against the memory limit
 _installed: set[str] = set()
 _install_lock = threading.Lock()
 _local = threading.local()
@@ -105,24 +117,42 @@ def define_views(con: duckdb.DuckDBPyConnection, source: str = "store.{table}") 
         con.execute(f"CREATE OR REPLACE VIEW {name} AS {view_sql(name, 'duckdb')}")
 
 
-def locked_connection(ledger: "Ledger") -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection over the ledger that can read it and nothing else."""
+def temp_dir(ledger: "Ledger") -> Path:
+    """Where DuckDB spills: the ledger's own `tmp/` (DuckDB's default is `.tmp` in the caller's
+    working directory)."""
+    if ledger.path is not None:
+        base = ledger.path.parent
+    elif ledger.home is not None:
+        base = Path(ledger.home) / "ledger"
+    else:
+        base = Path(tempfile.gettempdir()) / f"orbit-ledger-{os.getuid()}"
+    return base / "tmp"
+
+
+def locked_connection(ledger: "Ledger", limits: SqlLimits | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection over the ledger that can read it and nothing else, within `limits`."""
+    limits = limits or SqlLimits.from_env()
+    spill = temp_dir(ledger)
+    spill.mkdir(parents=True, exist_ok=True, mode=0o700)
     con = duckdb.connect(":memory:")
     attach_store(con, ledger)
     define_views(con)
+    for statement in limits.settings_sql(spill):  # before the lock: no query can change them
+        con.execute(statement)
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
     return con
 
 
-def _connection(ledger: "Ledger") -> duckdb.DuckDBPyConnection:
-    # One per thread and ledger: DuckDB connections are not shared across threads.
+def _connection(ledger: "Ledger", limits: SqlLimits) -> duckdb.DuckDBPyConnection:
+    # One per thread, ledger and limits: DuckDB connections are not shared across threads.
     cache = getattr(_local, "cons", None)
     if cache is None:
         cache = _local.cons = {}
-    con = cache.get(ledger.url)
+    key = (ledger.url, limits.connection_key)
+    con = cache.get(key)
     if con is None:
-        con = cache[ledger.url] = locked_connection(ledger)
+        con = cache[key] = locked_connection(ledger, limits)
     return con
 
 
@@ -150,6 +180,8 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> str:
         raise SqlRefused("the query is empty", field="QUERY", value=sql, fix=fix)
     try:
         statements = con.extract_statements(sql)
+    except duckdb.InterruptException:
+        raise  # the timeout, not a parse error
     except duckdb.Error as exc:
         raise SqlRefused(f"the query does not parse: {str(exc).splitlines()[0]}", field="QUERY", value=sql[:200],
                          fix=fix) from None
@@ -171,16 +203,64 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> str:
     return sql
 
 
-def _run(con: duckdb.DuckDBPyConnection, sql: str):
-    check_read_only(con, sql)
+def _run(con: duckdb.DuckDBPyConnection, sql: str, limits: SqlLimits, spill: Path):
+    """Check and run one query within the limits; a DataFrame, or the OrbitError naming why not."""
+    if isinstance(sql, str) and len(sql) > limits.max_query_chars:
+        raise limits.query_too_long(len(sql))
+    import pandas  # noqa: F401 - imported before the clock starts: a slow first import is not the query's time
+
+    done = threading.Event()
+    watchdog = threading.Thread(target=_interrupt_after, args=(con, limits.timeout_s, done), daemon=True,
+                                name="orbit-sql-timeout")
+    watchdog.start()
     try:
-        return con.execute(sql).df()
+        check_read_only(con, sql)
+        return _fetch(con, sql, limits)
+    except duckdb.InterruptException:
+        raise limits.timed_out() from None
+    except duckdb.OutOfMemoryException as exc:
+        if "temp" in str(exc).lower():  # max_temp_directory_size reached
+            raise limits.spill_too_large(spill) from None
+        raise limits.out_of_memory() from None
     except duckdb.Error as exc:
-        raise OrbitError(f"query failed: {str(exc).splitlines()[0]}", field="QUERY", value=sql[:200],
+        raise OrbitError(f"query failed: {str(exc).splitlines()[0][:300]}", field="QUERY", value=sql[:200],
                          fix="list tables and views with: SELECT table_name FROM information_schema.tables") from None
+    finally:
+        done.set()
 
 
-def _serve(url: str, home: str | None, pipe) -> None:
+def _interrupt_after(con: duckdb.DuckDBPyConnection, seconds: float, done: threading.Event) -> None:
+    """DuckDB has no statement timeout: interrupt the connection at the deadline, and again
+    every 0.1 s until the query ends (an interrupt that lands between two statements, before
+    the query has started, is lost)."""
+    if done.wait(seconds):
+        return
+    while not done.is_set():
+        con.interrupt()
+        done.wait(0.1)
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, sql: str, limits: SqlLimits):
+    """The result in chunks, each counted: a result larger than the memory limit is refused
+    before it is all fetched (`.df()` would build it whole, outside DuckDB's memory limit)."""
+    import pandas as pd
+
+    con.execute(sql)
+    frames, size = [], 0
+    while True:
+        chunk = con.fetch_df_chunk(FETCH_VECTORS)
+        if frames and chunk.empty:
+            break
+        size += int(chunk.memory_usage(index=False, deep=True).sum())
+        if size > limits.result_bytes:
+            raise limits.result_too_large(size)
+        frames.append(chunk)
+        if chunk.empty:
+            break
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+
+
+def _serve(url: str, home: str | None, limits: SqlLimits, pipe) -> None:
     """The worker process: one locked DuckDB connection, one query at a time from the pipe."""
     import signal
 
@@ -192,62 +272,93 @@ def _serve(url: str, home: str | None, pipe) -> None:
 
     ledger = Ledger(url, home=Path(home) if home else None)
     write_people_catalog(ledger)
-    con = locked_connection(ledger)
+    con = locked_connection(ledger, limits)
+    spill = temp_dir(ledger)
     ledger.dispose()  # this process keeps no sqlite3 connection to the store
     pipe.send(("ready", None))
     while True:
         try:
-            sql = pipe.recv()
+            sql, query_limits = pipe.recv()
         except EOFError:
             return
         try:
-            pipe.send(("ok", _run(con, sql)))
+            pipe.send(("ok", _run(con, sql, query_limits, spill)))
         except OrbitError as exc:
             pipe.send(("refused", (type(exc).__name__, str(exc), exc.field, exc.value, exc.fix)))
         except Exception as exc:  # noqa: BLE001 - reported to the asking process, which raises it
-            pipe.send(("error", f"{type(exc).__name__}: {exc}"))
+            pipe.send(("error", f"{type(exc).__name__}: {str(exc)[:300]}"))
+
+
+_ERRORS = {cls.__name__: cls for cls in (SqlRefused, SqlLimitExceeded, OrbitError)}
+_START_TIMEOUT_S = 300.0  # a fresh interpreter importing DuckDB and pandas on a loaded machine
 
 
 class _Worker:
-    """A DuckDB process for one SQLite ledger, started on first use, reused by the next queries."""
+    """A DuckDB process for one SQLite ledger (and one memory and spill limit), started on first
+    use, reused by the next queries; killed when a query outlives its timeout, and started
+    afresh by the next query."""
 
-    _workers: dict[tuple[int, str], "_Worker"] = {}
+    _workers: dict[tuple, "_Worker"] = {}
     _lock = threading.Lock()
 
-    def __init__(self, ledger: "Ledger"):
+    def __init__(self, ledger: "Ledger", limits: SqlLimits):
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")  # a fresh interpreter: nothing of this process's SQLite in it
         self.pipe, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(ledger.url, str(ledger.home) if ledger.home else None, child),
-                                daemon=True, name="orbit-ledger-face")
+        self.proc = ctx.Process(target=_serve, args=(ledger.url, str(ledger.home) if ledger.home else None, limits,
+                                                     child), daemon=True, name="orbit-ledger-face")
         self.proc.start()
         child.close()
         self._call_lock = threading.Lock()
-        kind, _ = self.pipe.recv()
+        try:
+            kind = self.pipe.recv()[0] if self.pipe.poll(_START_TIMEOUT_S) else "silent"
+        except EOFError:
+            kind = "ended"
         if kind != "ready":
-            raise OrbitError("the ledger's SQL face did not start", fix="see the error above")
+            self.kill()
+            raise OrbitError(f"the ledger's SQL face did not start (its process {kind}, exit code "
+                             f"{self.proc.exitcode})", fix="see the error above; the store is untouched")
 
     @classmethod
-    def for_ledger(cls, ledger: "Ledger") -> "_Worker":
-        import os
-
-        key = (os.getpid(), ledger.url)
+    def for_ledger(cls, ledger: "Ledger", limits: SqlLimits) -> "_Worker":
+        key = (os.getpid(), ledger.url, limits.connection_key)
         with cls._lock:
             worker = cls._workers.get(key)
             if worker is None or not worker.proc.is_alive():
-                worker = cls._workers[key] = cls(ledger)
+                worker = cls._workers[key] = cls(ledger, limits)
             return worker
 
-    def query(self, sql: str):
+    def kill(self) -> None:
+        """End the process now (a query that ignores the interrupt, a caller interrupted)."""
+        self.proc.kill()
+        self.proc.join(10)
+        self.pipe.close()
+
+    def query(self, sql: str, limits: SqlLimits):
         with self._call_lock:
-            self.pipe.send(sql)
-            kind, payload = self.pipe.recv()
+            try:
+                self.pipe.send((sql, limits))
+                # The worker interrupts the query at the timeout; this waits a little longer.
+                if not self.pipe.poll(limits.timeout_s + KILL_GRACE_S):
+                    self.kill()
+                    raise limits.timed_out()
+                kind, payload = self.pipe.recv()
+            except EOFError:
+                self.kill()
+                raise OrbitError(f"the ledger's SQL face ended while it ran the query (exit code {self.proc.exitcode}: "
+                                 "killed, perhaps for memory)", field="ORBIT_SQL_MEMORY", value=limits.memory_bytes,
+                                 fix="run it again (a new face starts); if it ends again, narrow the query or lower "
+                                     "ORBIT_SQL_MEMORY to what this machine can give") from None
+            except BaseException:  # interrupted while waiting: a later reply must not answer the next query
+                if self.proc.is_alive():
+                    self.kill()
+                raise
         if kind == "ok":
             return payload
         if kind == "refused":
             name, message, field, value, fix = payload
-            error = SqlRefused if name == "SqlRefused" else OrbitError
+            error = _ERRORS.get(name, OrbitError)
             exc = error.__new__(error)
             Exception.__init__(exc, message)
             exc.field, exc.value, exc.fix = field, value, fix
@@ -255,11 +366,15 @@ class _Worker:
         raise OrbitError(f"the ledger's SQL face failed: {payload}", fix="see the message; the store is untouched")
 
 
-def face_query(ledger: "Ledger", sql: str):
-    """Run one read-only SELECT through the face; a pandas DataFrame."""
+def face_query(ledger: "Ledger", sql: str, limits: SqlLimits | None = None):
+    """Run one read-only SELECT through the face within `limits` (default: the environment's,
+    see `limits.py`); a pandas DataFrame, or an OrbitError naming the limit or the refusal."""
+    limits = limits or SqlLimits.from_env()
+    if isinstance(sql, str) and len(sql) > limits.max_query_chars:  # not even sent to the worker
+        raise limits.query_too_long(len(sql))
     if ledger.dialect == "sqlite":
-        return _Worker.for_ledger(ledger).query(sql)
-    return _run(_connection(ledger), sql)
+        return _Worker.for_ledger(ledger, limits).query(sql, limits)
+    return _run(_connection(ledger, limits), sql, limits, temp_dir(ledger))
 
 
 def write_people_catalog(ledger: "Ledger") -> bool:

@@ -5,7 +5,9 @@
     status(ledger); cost_table(ledger, "checkpoint"); ledger.query("SELECT * FROM current_best")
 
 These answer from the store's indexes; `ledger.query()` runs any read-only SELECT through
-the DuckDB face.
+the DuckDB face, within its limits (`limits.py`: a 60 s timeout, 1 GiB of memory, a bounded
+spill in the ledger's `tmp/`, from ORBIT_SQL_TIMEOUT_S, ORBIT_SQL_MEMORY, ...);
+`sql(ledger, query, timeout_s=..., memory=...)` sets them for one query.
 """
 from __future__ import annotations
 
@@ -26,6 +28,15 @@ def open_ledger(home: str | Path | None = None) -> Ledger:
     from ..control.settings import Settings
 
     return Settings.from_env(home).ledger()
+
+
+def sql(ledger: Ledger, query: str, *, timeout_s: float | None = None, memory: str | None = None) -> pd.DataFrame:
+    """One read-only SELECT through the DuckDB face; `timeout_s` and `memory` (e.g. "2GiB")
+    replace the environment's limits for it. A query past a limit is an OrbitError naming it."""
+    from .face import face_query
+    from .limits import SqlLimits
+
+    return face_query(ledger, query, SqlLimits.from_env(timeout_s=timeout_s, memory=memory))
 
 
 def status(ledger: Ledger, job_id: str | None = None) -> pd.DataFrame:

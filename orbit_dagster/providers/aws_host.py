@@ -23,6 +23,7 @@ from typing import Callable, TypeVar
 
 import yaml
 
+from ..core import safe_yaml
 from ..core.errors import NetworkError, ProviderError
 from ..core.offers import Offer
 from ..runtime.notices import parse_notice_time
@@ -104,7 +105,7 @@ class SshHostTransport:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with open(self.state_dir / "ssh_hosts.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            raw = yaml.safe_load(self.inventory_path.read_text()) if self.inventory_path.exists() else None
+            raw = safe_yaml.load(self.inventory_path.read_text()) if self.inventory_path.exists() else None
             hosts = change(list((raw or {}).get("hosts") or []))
             tmp = self.inventory_path.with_name(f".{self.inventory_path.name}.{os.getpid()}")
             tmp.write_text(yaml.safe_dump({"hosts": hosts}, sort_keys=True))

@@ -31,17 +31,23 @@ def agent_argv(python: str, bundle: Path, workdir: Path, spec: LaunchSpec, metad
     return argv + list(spec.extra_args)
 
 
+EVENTS_READ_MAX = 4 << 20  # bytes per call: a host's file is read in bounded steps, the rest next poll
+
+
 def read_event_file(path: Path, offset: int) -> tuple[list[dict], int]:
-    """Whole event lines after byte `offset`, and the offset after the last whole line."""
+    """Whole event lines after byte `offset` (at most EVENTS_READ_MAX bytes of them), and the
+    offset after the last whole line. A line longer than that is no event: skipped."""
     from ..runtime.events import parse_events
 
     try:
         with open(path, "rb") as fh:
             fh.seek(offset)
-            chunk = fh.read()
+            chunk = fh.read(EVENTS_READ_MAX)
     except FileNotFoundError:
         return [], offset
     end = chunk.rfind(b"\n") + 1
+    if end == 0 and len(chunk) == EVENTS_READ_MAX:  # no line ends in a full read: a line too long to be an event
+        return [], offset + len(chunk)
     events, _ = parse_events(chunk[:end].decode("utf-8", errors="replace"))
     return events, offset + end
 

@@ -309,6 +309,8 @@ class SshProvider:
 
         chunk, _ = self._read_tail(run, "artifacts/events.jsonl", offset, EVENTS_READ_MAX)
         end = chunk.rfind(b"\n") + 1  # whole lines only: a partial last line is read next time
+        if end == 0 and len(chunk) >= EVENTS_READ_MAX:  # no line ends in a full read: too long to be an event
+            return [], offset + len(chunk)  # skipped, or the follower would stop here for good
         events, _ = parse_events(chunk[:end].decode("utf-8", errors="replace"))
         return events, offset + end
 

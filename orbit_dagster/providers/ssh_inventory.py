@@ -27,6 +27,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..catalog.gpus import UnknownGpu, gpu_spec, normalise_gpu_name
+from ..core import safe_yaml
+from ..core.bounded import read_text_bounded
+from ..core.config_schema import show
 from ..core.errors import OrbitError
 from ..core.execution import Resources
 from ..core.offers import Offer
@@ -145,6 +148,9 @@ class Inventory(BaseModel):
                              fix=f"use one of: {', '.join(h.name for h in self.hosts) or '(none)'}")
 
 
+MAX_INVENTORY_BYTES = 4 << 20
+
+
 def default_inventory_path() -> Path:
     return Path(os.environ.get("ORBIT_HOME") or ".orbit").expanduser() / INVENTORY_FILE
 
@@ -155,9 +161,18 @@ def load_inventory(path: Path) -> Inventory:
         raise InventoryError(f"SSH host inventory {path} does not exist", field="inventory", value=str(path),
                              fix="write it (see docs/providers-ssh.md) or pass its path to the ssh provider")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise InventoryError(f"SSH host inventory {path} is not valid YAML: {exc}", fix="correct the YAML") from None
+        text = read_text_bounded(path, MAX_INVENTORY_BYTES, what=f"SSH host inventory {path}", field="inventory",
+                                 fix="an inventory lists hosts: keep it under 4 MiB")
+    except OrbitError as exc:  # too large, or not UTF-8
+        raise InventoryError(str(exc).split("; fix: ")[0], field="inventory", value=str(path), fix=exc.fix) from None
+    try:
+        raw = safe_yaml.load(text)  # its alias expansion bounded, as a template's is
+    except safe_yaml.YamlRefused as exc:
+        raise InventoryError(f"SSH host inventory {path} is refused: {exc}", field="inventory", value=str(path),
+                             fix="write the hosts out instead of repeating blocks through YAML aliases") from None
+    except (yaml.YAMLError, ValueError) as exc:
+        where = " ".join(str(exc).split())[:300]
+        raise InventoryError(f"SSH host inventory {path} is not valid YAML: {where}", fix="correct the YAML") from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -170,5 +185,5 @@ def load_inventory(path: Path) -> Inventory:
         loc = first["loc"]
         field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "hosts"
         value = first.get("input")  # paths and variable names only: the inventory holds no secrets
-        raise InventoryError(f"SSH host inventory {path}: field {field!r} {first['msg'].lower()} (value: {value!r})",
+        raise InventoryError(f"SSH host inventory {path}: field {field!r} {first['msg'].lower()} (value: {show(value)})",
                              field=field, value=value, fix="see docs/providers-ssh.md for the host fields") from None

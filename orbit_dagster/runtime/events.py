@@ -77,6 +77,6 @@ def parse_events(chunk: str) -> tuple[list[dict], int]:
         if line:
             try:
                 events.append(json.loads(line))
-            except ValueError:
+            except (ValueError, RecursionError):  # garbage, or nested thousands deep: skipped
                 continue
     return events, used

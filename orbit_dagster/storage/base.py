@@ -58,9 +58,11 @@ def check_name(kind: str, value: str) -> str:
 def check_rel(rel: str, uri: str) -> str:
     """A file name inside a checkpoint: relative, without '..', not the manifest itself."""
     parts = rel.split("/") if isinstance(rel, str) else [""]
-    if not rel or rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts) or rel == MANIFEST:
-        raise StoreError(f"checkpoint {uri}: file name {rel!r} is not allowed; "
-                         f"fix: a relative path without '..' that is not {MANIFEST!r}")
+    if (not rel or rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts) or rel == MANIFEST
+            or len(rel) > 1024 or not rel.isprintable()):  # a NUL or control character is no file name
+        shown = repr(rel[:80]) + ("..." if len(rel) > 80 else "") if isinstance(rel, str) else type(rel).__name__
+        raise StoreError(f"checkpoint {uri}: file name {shown} is not allowed; "
+                         f"fix: a relative path of printable characters without '..' that is not {MANIFEST!r}")
     return rel
 
 
