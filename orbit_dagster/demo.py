@@ -1,12 +1,13 @@
 """`orbit demo`: the example job through a real Dagster instance on the embedded spot market.
 
-The default scenario restarts the sim market's clock where the trace of the zone the job
-rents first shows reclaims close together (a real preemption trace when one is available,
-`$ORBIT_SIM_TRACES`; else one generated from the fitted model), 60 times faster than real
-time with the notice scaled the same way (120 s -> 2 s). The daemon's sensors do the rest:
-launch, follow, emergency checkpoint on notice, re-materialise from the last checkpoint,
-evaluate, rank, bill. Then the final weights are compared with an uninterrupted run of
-the same bundle.
+The default scenario reclaims the job's instance twice, when its training reaches half and
+three quarters of its steps (steps 100 and 150 of 200): the market operator's override
+(`SimProvider.inject_reclaim(at_step=...)`), with AWS's two-minute notice scaled 60 times
+to 2 s, as the market's clock runs (a trace hour per wall minute). Set by progress, not by
+the wall clock, so a fast machine and a loaded one meet the same two reclaims. The
+daemon's sensors do the rest: launch, follow, emergency checkpoint on notice, re-materialise
+from the last checkpoint, evaluate, rank, bill. Then the final weights are compared with an
+uninterrupted run of the same bundle.
 """
 from __future__ import annotations
 
@@ -22,17 +23,20 @@ from pathlib import Path
 
 from .control.settings import Settings
 from .control.submit import submit
+from .core.bundle import JobBundle
 from .core.errors import OrbitError
 from .instance import Daemon, ensure_dagster_home, wait_until_idle
+from .control.providers import provider_for
 from .ledger import records as R
+from .providers.base import RunHandle
+from .providers.sim_market import MarketConfig, ensure_market, write_market
 
 TEMPLATE = "charlm-finetune"
 SCALE = 60.0  # market seconds per wall second: a trace hour per wall minute
-# The zones of the three offers the job ranks first, placed on their traces (wall seconds
-# from submission): the first is reclaimed at 30 s and stays down; the job moves to the
-# second (notice -> new attempt running takes ~15-25 s here), which is reclaimed at 64 s
-# and stays down; the third stays up, and the job finishes there.
-ZONE_PLAN = [(30.0, 90.0), (64.0, 60.0), (0.0, 300.0)]
+NOTICE_S = 120.0  # AWS's notice, in market seconds: 2 s of wall time at SCALE
+# Where the two reclaims come, as shares of the job's steps: each attempt but the last is
+# reclaimed once (the second resumes from the first's emergency checkpoint, past 1/2).
+RECLAIM_AT = (0.5, 0.75)
 
 
 @dataclass
@@ -69,41 +73,24 @@ def progress(ledger, job_id: str, experiment: str) -> Progress:
                     int(stats["evaluations"]), best_done)
 
 
-def _first_offers(settings: Settings, overrides: dict, n: int) -> list:
-    """The offers the job will rent first: the same ranking dispatch uses."""
-    from .control.offers import rank_for
-    from .control.providers import provider_for
-    from .core.submission import apply_overrides, execution_request_for
-    from .core.templates import load_template
-
-    request = execution_request_for(apply_overrides(load_template(TEMPLATE), overrides))
-    provider = provider_for(settings, request.backend_key)
-    ranked, _ = rank_for(settings.ledger(), provider, request, job_id="demo", attempt=1,
-                         notice_s=provider.notice_seconds, template=TEMPLATE)
-    return ranked[:n]
-
-
 def run_demo(settings: Settings, *, overrides: dict | None = None, experiment: str | None = None,
              reclaims: bool = True, timeout_s: float = 1800, on_progress=None) -> dict:
     """Submit the example, let the daemon's sensors drive it, wait for training, evaluations
     and the best checkpoint, and return the summary."""
-    from .providers.sim_market import ensure_market, reclaim_scenario, write_market, MarketConfig
-
     overrides = dict(overrides or {})
     ensure_dagster_home(settings)
     experiment = experiment or f"demo-{uuid.uuid4().hex[:6]}"
-    os.environ["ORBIT_SIM_RECLAIMS"] = "trace" if reclaims else "none"  # for the daemon we start
+    # The market reclaims only where the demo says (for the daemon started here).
+    os.environ["ORBIT_SIM_RECLAIMS"] = "none"
     settings = Settings.from_env(settings.home)
     # A daemon already running for this instance is used (saying so); otherwise one is started.
     daemon = Daemon(settings).start()
     scenario, reference = None, None
     try:
         wait_for_daemon(settings)
-        if reclaims:
-            scenario = reclaim_scenario(settings.sim_dir, trace_dir=settings.sim_traces,
-                                        offers=_first_offers(settings, overrides, len(ZONE_PLAN)),
-                                        scale=SCALE, plan=ZONE_PLAN)
         job_id = submit(settings, TEMPLATE, overrides, experiment=experiment)
+        if reclaims:
+            scenario = Reclaims(settings, job_id, provider_for(settings, "sim_host_process"))
         # The uninterrupted reference run of the same bundle, alongside (one more CPU thread).
         reference = ReferenceRun(settings, job_id).start()
         ledger = settings.ledger()
@@ -114,6 +101,8 @@ def run_demo(settings: Settings, *, overrides: dict | None = None, experiment: s
                 on_progress(job_id, p)
             if p.finished:
                 break
+            if scenario is not None:
+                scenario.arm(p)
             if time.time() > deadline:
                 raise OrbitError(f"demo job {job_id} did not finish within {timeout_s:.0f} s (state {p.state})",
                                  fix=f"look at `orbit status {job_id}` and `orbit logs {job_id}`")
@@ -123,14 +112,51 @@ def run_demo(settings: Settings, *, overrides: dict | None = None, experiment: s
     finally:
         daemon.stop()  # only the one started here
         if scenario is not None:  # back to a real-time market for whatever runs next here
-            old = ensure_market(settings.sim_dir, trace_dir=settings.sim_traces, scale=1.0, notice_s=120.0)
-            write_market(settings.sim_dir, MarketConfig(time.time(), old.trace_offset_s, 1.0, 120.0, old.traces))
+            old = ensure_market(settings.sim_dir, trace_dir=settings.sim_traces, scale=1.0, notice_s=NOTICE_S)
+            write_market(settings.sim_dir, MarketConfig(time.time(), old.trace_offset_s, 1.0, NOTICE_S, old.traces))
     result = summary(settings, job_id, experiment)
     settings.ledger().query("SELECT count(*) AS jobs FROM jobs")  # the SQL face's first use writes ledger.duckdb
     result["bit_identical"] = bit_identical(settings, job_id, reference.weights())
     if scenario is not None:
-        result["scenario"] = scenario
+        result["scenario"] = scenario.describe()
     return result
+
+
+class Reclaims:
+    """The demo's two reclaims: each attempt's instance is told, once it runs, to be reclaimed
+    when its workload reports the next planned step (the notice then, the reclaim 2 s later)."""
+
+    def __init__(self, settings: Settings, job_id: str, provider):
+        self.settings, self.job_id, self.provider = settings, job_id, provider
+        bundle = JobBundle.load(R.bundle_for(settings.ledger(), job_id, 1)["path"], verify=False)
+        steps = int(bundle.spec.template.config["steps"])
+        self.steps = [int(steps * share) for share in RECLAIM_AT]
+        self.armed: list[dict] = []
+        self.notice_wall_s = NOTICE_S / SCALE
+        market = ensure_market_for_demo(settings)
+        self.market_scale = market.scale
+
+    def arm(self, p: Progress) -> None:
+        """Arm the next reclaim on the attempt now running (at most one per attempt)."""
+        i = len(self.armed)
+        if i >= len(self.steps) or p.state != "RUNNING" or p.attempt != i + 1:
+            return
+        run = R.run(self.settings.ledger(), R.run_id_for(self.job_id, p.attempt))
+        if not run or run["state"] != "RUNNING" or not run["handle"]:
+            return
+        instance = RunHandle.model_validate_json(run["handle"]).instance
+        self.provider.inject_reclaim(instance, at_step=self.steps[i], notice_seconds=self.notice_wall_s)
+        self.armed.append({"attempt": p.attempt, "instance": instance.instance_id, "at_step": self.steps[i]})
+
+    def describe(self) -> dict:
+        return {"reclaims_at_steps": self.steps, "notice_wall_s": self.notice_wall_s, "scale": self.market_scale,
+                "armed": self.armed}
+
+
+def ensure_market_for_demo(settings: Settings) -> MarketConfig:
+    """The market clock restarted now at the demo's speed (prices replay 60 times faster)."""
+    old = ensure_market(settings.sim_dir, trace_dir=settings.sim_traces, scale=SCALE, notice_s=NOTICE_S)
+    return write_market(settings.sim_dir, MarketConfig(time.time(), old.trace_offset_s, SCALE, NOTICE_S, old.traces))
 
 
 def wait_for_daemon(settings: Settings, timeout_s: float = 120.0) -> None:

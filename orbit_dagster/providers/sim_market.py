@@ -81,32 +81,6 @@ def offer_shift(offer_id: str, duration_s: float) -> float:
     return (h % 10_000) / 10_000 * duration_s
 
 
-def runs(trace: Trace) -> list[tuple[bool, float, float]]:
-    """(up?, start s, end s) spans of a trace."""
-    out, start = [], 0
-    for k in range(1, len(trace.data) + 1):
-        if k == len(trace.data) or bool(trace.data[k]) != bool(trace.data[start]):
-            out.append((bool(trace.data[start]), start * trace.gap_seconds, k * trace.gap_seconds))
-            start = k
-    return out
-
-
-def place_zone(trace: Trace, *, up_for_s: float, then_down_s: float = 0.0, up_before_s: float = 0.0) -> float | None:
-    """A trace position where the zone has been up for `up_before_s`, stays up `up_for_s`,
-    and (when `then_down_s` > 0) is then reclaimed by a real 1->0 edge and stays down at
-    least `then_down_s`. With `then_down_s == 0` it only needs to stay up. First match."""
-    spans = runs(trace)
-    for i, (up, start, end) in enumerate(spans):
-        if not up or end - start < up_before_s + up_for_s:
-            continue
-        if then_down_s <= 0:
-            return start + up_before_s
-        nxt = spans[i + 1] if i + 1 < len(spans) else None
-        if nxt is not None and nxt[2] - nxt[1] >= then_down_s:
-            return end - up_for_s
-    return None
-
-
 class TraceMarket:
     """A ReclaimSchedule (see providers.sim) that replays traces on the market clock."""
 
@@ -173,35 +147,6 @@ def ensure_market(sim_dir: Path, *, trace_dir: str | None, scale: float, notice_
         raise OrbitError("sim market scale must be > 0", field="ORBIT_SIM_SCALE", value=scale, fix="e.g. 1 or 60")
     return write_market(sim_dir, MarketConfig(epoch_wall=time.time(), trace_offset_s=0.0, scale=scale,
                                               notice_s=notice_s, traces=preemption_traces(trace_dir)))
-
-
-def reclaim_scenario(sim_dir: Path, *, trace_dir: str | None, offers: list[Offer], scale: float,
-                     plan: list[tuple[float, float]], notice_s: float = AWS_NOTICE_S) -> dict:
-    """Restart the market clock with the zones of `offers` (the ones a job will rent, best
-    first) placed on their traces: zone i is up now, is reclaimed `plan[i][0]` wall seconds
-    from now by a real 1->0 edge and then stays down at least `plan[i][1]` seconds (a plan
-    entry with 0 reclaim time means: stays up). Every up, down and reclaim is the trace's;
-    the scenario only chooses where each of these zones' replays starts."""
-    names = preemption_traces(trace_dir)
-    probe = TraceMarket(MarketConfig(time.time(), 0.0, scale, notice_s, names))
-    placed, zone_offsets = [], {}
-    for offer, (reclaim_in, down_for) in zip(offers, plan):
-        trace, _ = probe._zone(offer)
-        if reclaim_in > 0:
-            position = place_zone(trace, up_for_s=reclaim_in * scale, then_down_s=down_for * scale,
-                                  up_before_s=5 * scale)
-        else:
-            position = place_zone(trace, up_for_s=down_for * scale, up_before_s=5 * scale)
-        if position is None:
-            continue
-        zone_offsets[offer.offer_id] = position
-        placed.append({"offer": offer.offer_id, "trace": trace.name, "trace_position_s": position,
-                       "reclaim_in_wall_s": reclaim_in or None})
-    config = MarketConfig(epoch_wall=time.time(), trace_offset_s=0.0, scale=scale, notice_s=notice_s, traces=names,
-                          zone_offsets=zone_offsets)
-    write_market(sim_dir, config)
-    return {"generated": names[0].startswith("generated:"), "scale": scale, "notice_wall_s": config.notice_wall_s,
-            "zones": placed}
 
 
 def trace_offer(trace: Trace, *, at_s: float = 0.0) -> Offer:
