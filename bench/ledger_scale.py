@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from ledger_data import Shape, ensure  # noqa: E402
 
 from orbit_dagster.control.best import compute_best  # noqa: E402
-from orbit_dagster.control.settings import Settings  # noqa: E402
+from orbit_dagster.settings import Settings  # noqa: E402
 
 GOAL_S = 0.1
 MLFLOW_PY = REPO / "bench" / ".venv-mlflow" / "bin" / "python"
@@ -153,7 +153,7 @@ def sensor_queries(settings: Settings) -> list[tuple[str, Callable[[], object]]]
     from orbit_dagster.core.offers import Offer
     from orbit_dagster.ledger import records as R
     from orbit_dagster.sensors.followups import stale_experiments
-    from orbit_dagster.providers.sim import default_offers
+    from orbit_dagster.providers.sim.provider import default_offers
 
     ledger = settings.ledger()
     newest = float(ledger.scalar("SELECT max(finished_at) FROM evaluations") or 0)

@@ -51,8 +51,8 @@ def add_partitions(home: Path, n: int, per_key: int) -> dict:
     from dagster._core.definitions.partitions.context import partition_loading_context
 
     from orbit_dagster.assets.partitions import add_checkpoint_partitions, checkpoints_partitions
-    from orbit_dagster.control.settings import Settings
-    from orbit_dagster.instance import ensure_dagster_home
+    from orbit_dagster.settings import Settings
+    from orbit_dagster.deploy.instance import ensure_dagster_home
 
     settings = Settings.from_env(home)
     out = {}
@@ -84,8 +84,8 @@ def free_port() -> int:
 
 
 def webserver(home: Path):
-    from orbit_dagster.control.settings import Settings
-    from orbit_dagster.instance import environment
+    from orbit_dagster.settings import Settings
+    from orbit_dagster.deploy.instance import environment
 
     port = free_port()
     exe = str(Path(sys.executable).with_name("dagster-webserver"))

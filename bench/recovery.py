@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 from orbit_dagster.control.attempt import run_attempt  # noqa: E402
 from orbit_dagster.control.providers import provider_for  # noqa: E402
 from orbit_dagster.control.recovery import recover_lost  # noqa: E402
-from orbit_dagster.control.settings import Settings  # noqa: E402
+from orbit_dagster.settings import Settings  # noqa: E402
 from orbit_dagster.control.submit import cancel, submit  # noqa: E402
 from orbit_dagster.core.bundle import build_bundle  # noqa: E402
 from orbit_dagster.core.submission import TaskSubmission, apply_overrides  # noqa: E402
@@ -138,7 +138,7 @@ def main() -> None:
         rows.append(("notice -> emergency checkpoint durable (s)", [d[0] for d in direct]))
         rows.append(("notice -> new attempt running, control plane alone (s)", [d[1] for d in direct]))
         if not args.skip_dagster:
-            from orbit_dagster.instance import Daemon
+            from orbit_dagster.deploy.instance import Daemon
 
             settings = Settings.from_env(tmp / "dagster")
             os.environ["ORBIT_HOME"] = str(settings.home)

@@ -52,7 +52,7 @@ GOAL_S = 2.0
 def build_fleet(home: Path, jobs: int, hosts: int) -> tuple[list, list[str]]:
     """Submit `jobs` jobs and make them RUNNING on stand-ins for `jobs` hosts; returns the real hosts."""
     from orbit_dagster.control.providers import provider_for
-    from orbit_dagster.control.settings import Settings
+    from orbit_dagster.settings import Settings
     from orbit_dagster.control.submit import submit
     from orbit_dagster.core.lifecycle import JobState
     from orbit_dagster.ledger import records as R
@@ -157,9 +157,9 @@ def run(args) -> str:
     from orbit_dagster.control.migration import consider_migrations
     from orbit_dagster.control.prices import ingest_prices
     from orbit_dagster.control.reconcile import reconcile
-    from orbit_dagster.control.settings import Settings
-    from orbit_dagster.instance import ensure_dagster_home
-    from orbit_dagster.providers.sim import SimProvider
+    from orbit_dagster.settings import Settings
+    from orbit_dagster.deploy.instance import ensure_dagster_home
+    from orbit_dagster.providers.sim.provider import SimProvider
     from orbit_dagster.sensors.evaluations import checkpoint_evaluation_sensor
     from orbit_dagster.sensors.followups import best_checkpoint_sensor, cost_summary_sensor
     from orbit_dagster.sensors.interruptions import _followed, spot_interruption_sensor

@@ -73,8 +73,8 @@ def fill(ledger, n: int) -> None:
 def tick_seconds(n: int) -> dict[str, float]:
     import dagster as dg
 
-    from orbit_dagster.control.settings import Settings
-    from orbit_dagster.instance import dagster_instance
+    from orbit_dagster.settings import Settings
+    from orbit_dagster.deploy.instance import dagster_instance
     from orbit_dagster.resources import OrbitResource
     from orbit_dagster.sensors.evaluations import checkpoint_evaluation_sensor
     from orbit_dagster.sensors.queue import job_queue_sensor
@@ -123,9 +123,9 @@ def follow_memory(k: int, mode: str) -> dict[str, float]:
     os.environ["ORBIT_FOLLOW"] = mode
     # Hand off after 5 s rather than the default 60 s, so the samples below come after it.
     os.environ["ORBIT_HANDOFF_AFTER_S"] = "5"
-    from orbit_dagster.control.settings import Settings
+    from orbit_dagster.settings import Settings
     from orbit_dagster.control.submit import cancel, submit
-    from orbit_dagster.instance import Daemon, wait_for_daemon
+    from orbit_dagster.deploy.instance import Daemon, wait_for_daemon
 
     settings = Settings.from_env()
     daemon = Daemon(settings, say=lambda line: None).start()

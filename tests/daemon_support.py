@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 
 
 def start_orbit(args: list[str], out: Path, err: Path, *, env: dict | None = None, preexec=None) -> subprocess.Popen:
@@ -59,7 +59,7 @@ def descendants(pid: int) -> set[int]:
     return out
 
 
-RENTED = (b"orbit_dagster.providers.sim_host", b"orbit_dagster.runtime.agent")
+RENTED = (b"orbit_dagster.providers.sim.host", b"orbit_dagster.runtime.agent")
 
 
 def ours_alive(pids: set[int], home: Path) -> dict[int, str]:
@@ -98,7 +98,7 @@ def sensor_ticks(settings: Settings, sensor: str = "job_queue_sensor", limit: in
     """(time, status) of the sensor's recorded ticks, oldest first."""
     from dagster._core.scheduler.instigation import InstigatorType
 
-    from orbit_dagster.instance import dagster_instance
+    from orbit_dagster.deploy.instance import dagster_instance
 
     with dagster_instance(settings) as instance:
         for state in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR):

@@ -24,7 +24,7 @@ from . import handoff
 from .billing import attempt_checkpoints, release
 from .context import NullReporter, Reporter, bundle_and_provider, eval_suite_for, store_for
 from .dispatch import dispatch
-from .settings import Settings
+from ..settings import Settings
 
 FINAL_RUN_STATES = {"SUCCEEDED", "FAILED", "LOST", "CANCELLED"}
 MAX_STEP = 2**62  # a step count a database integer holds

@@ -13,7 +13,7 @@ import time
 
 from ..core.bundle import JobBundle
 from ..ledger import utcnow
-from .settings import Settings
+from ..settings import Settings
 
 RETRY_FAILED_AFTER_S = 6 * 3600.0
 STALE_BACKFILL_S = 24 * 3600.0

@@ -13,7 +13,7 @@ from ..core.errors import NotFound, OrbitError
 from ..core.metrics import BestChoice, Candidate, resolve_primary_metric, training_counterpart
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
-from .settings import Settings
+from ..settings import Settings
 
 
 def set_primary_metric(ledger: Ledger, *, name: str, mode: str, experiment: str | None = None,

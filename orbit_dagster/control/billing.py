@@ -17,7 +17,7 @@ from ..ledger import records as R
 from ..providers.base import InstanceHandle, Provider, RunHandle
 from . import checkpoints as C
 from .context import eval_suite_for, store_for
-from .settings import Settings
+from ..settings import Settings
 
 
 def instance_row(instance: InstanceHandle, purpose: str, job_id: str, run_id: str | None,

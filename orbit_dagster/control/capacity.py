@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..ledger import Ledger
-from ..profiles import POOL_TAG, TRAIN_POOL_TAG
+from ..deploy.profiles import POOL_TAG, TRAIN_POOL_TAG
 
 
 @dataclass

@@ -11,7 +11,7 @@ from ..ledger import Ledger
 from ..ledger import records as R
 from ..providers.base import Provider
 from .providers import provider_for
-from .settings import Settings
+from ..settings import Settings
 
 T = TypeVar("T")
 U = TypeVar("U")

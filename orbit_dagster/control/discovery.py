@@ -13,7 +13,7 @@ from datetime import datetime
 from ..catalog.offers import diff_catalogs, list_offers, offers_json
 from ..ledger import records as R
 from .observations import measured_tflops, observed_reclaims
-from .settings import Settings
+from ..settings import Settings
 
 
 def refresh_catalog(settings: Settings, *, at: datetime | None = None) -> dict:

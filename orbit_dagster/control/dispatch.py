@@ -23,7 +23,7 @@ from .billing import instance_row, release
 from .context import Reporter, bundle_and_provider, eval_suite_for
 from .observations import probed_offers
 from .offers import rank_for
-from .settings import Settings
+from ..settings import Settings
 
 # An AWS instance can take ~10 minutes to boot; after this the reconciler ends the attempt.
 DISPATCH_TIMEOUT_S = 20 * 60.0

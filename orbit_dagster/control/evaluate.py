@@ -26,7 +26,7 @@ from .context import NullReporter, Reporter
 from .dispatch import provision_first
 from .offers import rank_for
 from .providers import provider_for
-from .settings import Settings
+from ..settings import Settings
 
 MAX_EVAL_TRIES = 3  # hosts tried within one run (an evaluation reclaimed mid-way starts again elsewhere)
 MAX_EVAL_RUNS = 3  # runs per (checkpoint, suite) before it is FAILED for good

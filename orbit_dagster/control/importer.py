@@ -46,7 +46,7 @@ from ..ledger import utcnow
 from ..ledger import records as R
 from ..storage import open_store
 from ..storage.base import MANIFEST, CheckpointManifest, StoreError, check_rel, checkpoint_dir_name, sha256_bytes
-from .settings import Settings
+from ..settings import Settings
 from .submit import ensure_experiment
 
 STEP_RE = re.compile(r"(\d{1,12})$")

@@ -33,7 +33,7 @@ from ..ledger.errors import RECOVERY_DOC
 from ..ledger.identity import Verdict, inspect
 from ..storage import open_store
 from ..storage.base import CheckpointManifest, StoreError, check_name, parse_checkpoint_dir
-from .settings import Settings
+from ..settings import Settings
 
 EXIT_CONSISTENT, EXIT_DISAGREES, EXIT_UNUSABLE = 0, 1, 3
 

@@ -42,7 +42,7 @@ from ..ledger.store import Tx
 from .checkpoints import row_from_event
 from .ledger_care import CheckReport, DiskCheckpoint, Finding, check, raw_ledger
 from .lineage import lineage_id
-from .settings import Settings
+from ..settings import Settings
 from .submit import _bundle_row, ensure_experiment
 
 LOST = "re-registered by `orbit ledger repair`: the ledger lost this job"

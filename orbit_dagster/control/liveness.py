@@ -14,7 +14,7 @@ leaves. A worker is judged:
 - on another machine (a run launcher that runs workers elsewhere): by its heartbeat, dead
   once none came for `timeout_s` (`ORBIT_WORKER_TIMEOUT_S`, 60 s by default).
 
-The run launcher (`run_launcher.py`) answers Dagster's run-monitoring health check from
+The run launcher (`deploy/run_launcher.py`) answers Dagster's run-monitoring health check from
 these records, so the monitoring daemon fails a dead run (its pool slot is given back); the
 sensors count only runs whose worker lives as following their attempts, and reconcile takes
 up the rest. Nothing here imports Dagster.

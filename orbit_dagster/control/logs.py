@@ -10,7 +10,7 @@ from ..core.errors import NotFound
 from ..ledger import records as R
 from ..providers.base import RunHandle
 from .context import bundle_and_provider
-from .settings import Settings
+from ..settings import Settings
 
 
 def _when(ts: float | None) -> str:

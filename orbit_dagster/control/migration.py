@@ -30,7 +30,7 @@ from .context import Attempts, bundle_and_provider
 from .observations import measured_step_seconds
 from .offers import DEFAULT_RESTORE_S, measured_save_seconds, rank_for
 from .reconcile import active_attempts
-from .settings import Settings
+from ..settings import Settings
 from .sim_market import time_scale
 
 WINDOWS = 4  # three rises need four windows

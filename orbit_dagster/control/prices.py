@@ -7,7 +7,7 @@ from datetime import datetime
 from ..ledger import records as R
 from .context import bundle_at
 from .providers import provider_for
-from .settings import Settings
+from ..settings import Settings
 
 
 @dataclass

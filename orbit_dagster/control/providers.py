@@ -7,11 +7,11 @@ from typing import Any, Callable, Iterator
 
 from ..core.errors import OrbitError
 from ..providers.base import Provider
-from .settings import Settings
+from ..settings import Settings
 
 
 def _sim(settings: Settings) -> Provider:
-    from ..providers.sim import SimProvider
+    from ..providers.sim.provider import SimProvider
     from .sim_market import schedule_for
 
     schedule, market = schedule_for(settings)
@@ -19,7 +19,7 @@ def _sim(settings: Settings) -> Provider:
 
 
 def _ssh(settings: Settings) -> Provider:
-    from ..providers.ssh import SshProvider
+    from ..providers.ssh.provider import SshProvider
 
     return SshProvider(settings.ssh_hosts, state_dir=settings.home / "ssh")
 
@@ -28,7 +28,7 @@ def _aws(settings: Settings, session: Any = None) -> Provider:
     # Credentials: boto3's standard chain only (environment, profile, instance role); none
     # are read, stored or logged here. Everything else comes from ORBIT_AWS_* (settings.py).
     from ..catalog.aws import parse_spot_price_history
-    from ..providers.aws import AwsSpotProvider
+    from ..providers.aws.provider import AwsSpotProvider
 
     # Spot prices come from EC2's price history; an operator can add rows in the same
     # format (`az_id  instance_type  product  usd_per_hour  timestamp`, tab-separated) to

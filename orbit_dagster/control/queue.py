@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..core.lifecycle import JobState
 from ..ledger import Ledger
 from ..ledger import records as R
-from .settings import Settings
+from ..settings import Settings
 
 
 def queued_jobs(ledger: Ledger) -> list[dict]:

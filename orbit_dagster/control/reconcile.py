@@ -35,7 +35,7 @@ from .billing import attempt_checkpoints, close_lost_attempt, release, stop_canc
 from .context import Attempts, bundle_and_provider, concurrently
 from .handoff import WATCH, Watch
 from .recovery import recover_lost
-from .settings import Settings
+from ..settings import Settings
 
 Followed = Callable[[str, int], bool]
 LOST_GRACE_S = 15.0

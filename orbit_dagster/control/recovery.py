@@ -14,7 +14,7 @@ from ..core.errors import OrbitError
 from ..core.lifecycle import JobState
 from ..ledger import Ledger
 from ..ledger import records as R
-from .settings import Settings
+from ..settings import Settings
 from .submit import requeue
 
 AVOID_AFTER_RECLAIMS = 2

@@ -15,7 +15,7 @@ from ..ledger import records as R
 from ..ledger import rollups
 from ..storage import store_of
 from .best import primary_metric_for
-from .settings import Settings
+from ..settings import Settings
 
 
 def plan(checkpoints: list[dict], *, keep_latest: int, keep_best: int, mode: str) -> tuple[set[str], set[str]]:

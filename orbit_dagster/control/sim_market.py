@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from ..core.errors import OrbitError
-from ..providers.sim import NoReclaims, ReclaimSchedule
-from ..providers.sim_market import MarketConfig, TraceMarket, ensure_market
-from .settings import Settings
+from ..providers.sim.provider import NoReclaims, ReclaimSchedule
+from ..providers.sim.market import MarketConfig, TraceMarket, ensure_market
+from ..settings import Settings
 
 
 def schedule_for(settings: Settings) -> tuple[ReclaimSchedule, MarketConfig]:

@@ -18,7 +18,7 @@ from ..ledger import utcnow
 from ..ledger import records as R
 from ..ledger.store import Tx
 from .lineage import next_lineage
-from .settings import Settings
+from ..settings import Settings
 from .validate import validate_retry, validate_submission
 
 

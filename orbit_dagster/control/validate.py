@@ -22,7 +22,7 @@ from ..core.errors import InvalidOverride, OrbitError
 from ..core.execution import Placement
 from ..core.submission import TaskSubmission, apply_overrides, check_name, check_overrides, check_template_ref
 from ..core.templates import TaskTemplate, load_template
-from .settings import Settings
+from ..settings import Settings
 
 AWS_REGION = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$"
 
@@ -150,7 +150,7 @@ def aws_credential_source() -> str | None:
 
 
 def _inventory_or_none(settings: Settings) -> list:
-    from ..providers.ssh_inventory import InventoryError, load_inventory
+    from ..providers.ssh.inventory import InventoryError, load_inventory
 
     try:
         return list(load_inventory(settings.ssh_hosts).hosts)
@@ -159,7 +159,7 @@ def _inventory_or_none(settings: Settings) -> list:
 
 
 def _check_ssh_hosts(settings: Settings, template: TaskTemplate, overrides: dict) -> None:
-    from ..providers.ssh_inventory import load_inventory
+    from ..providers.ssh.inventory import load_inventory
 
     inventory = load_inventory(settings.ssh_hosts)  # a missing or invalid inventory names its own fix
     docker = template.launch_mode == "docker_image"

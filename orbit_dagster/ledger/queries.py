@@ -25,7 +25,7 @@ COST_ORDER = {"job": "usd DESC, job_id", "experiment": "usd DESC, experiment", "
 
 
 def open_ledger(home: str | Path | None = None) -> Ledger:
-    from ..control.settings import Settings
+    from ..settings import Settings
 
     return Settings.from_env(home).ledger()
 

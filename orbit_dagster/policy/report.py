@@ -1,6 +1,6 @@
 """``orbit simulate``: replay a trace through the policies and report overhead, goodput, cost, misses.
 
-The CLI (``orbit_dagster/cli.py``) calls ``simulate_command``; the benchmark and tests call
+The CLI (``orbit_dagster/cli/commands.py``) calls ``simulate_command``; the benchmark and tests call
 ``simulate_trace``. Every figure is a mean per job over ``starts`` jobs started at evenly
 spaced points of the trace (replayed cyclically), so a single lucky or unlucky phase does
 not decide a comparison. The replay is faithful to the trace (``catalog.trace_market``):

@@ -7,7 +7,7 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from ..control.liveness import Heartbeat
-from ..control.settings import Settings
+from ..settings import Settings
 
 
 class OrbitResource(dg.ConfigurableResource):

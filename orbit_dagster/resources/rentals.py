@@ -1,7 +1,7 @@
 """GPU-rental resources: one Dagster resource per provider, chosen by a job's placement.
 
 Each resource holds what its provider needs beyond `$ORBIT_HOME` (an unset field means the
-environment's value, see `control/settings.py`). Credentials come only from the
+environment's value, see `settings.py`). Credentials come only from the
 environment, as `dagster.EnvVar`s (the UI shows the variable's name, never its value);
 nothing here writes them anywhere. The assets and sensors that rent or release GPUs take
 all three; `active(...)` makes them the providers the control plane uses for the run.
@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Optional
 import dagster as dg
 
 from ..control import providers as registry
-from ..control.settings import Settings
+from ..settings import Settings
 from ..providers.base import Provider
 
 

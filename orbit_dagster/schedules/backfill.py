@@ -11,7 +11,7 @@ import dagster as dg
 
 from ..assets.partitions import checkpoint_partition_requests, partition_of
 from ..control.backfill import plan_backfill
-from ..profiles import job_pools, pool_tags
+from ..deploy.profiles import job_pools, pool_tags
 from ..resources import OrbitResource
 
 EVALUATION = dg.AssetKey("evaluation")

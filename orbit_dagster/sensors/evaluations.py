@@ -14,7 +14,7 @@ from ..control.evaluate import eval_run_key, pending_evaluations, skip_deleted, 
 from ..jobs import eval_job
 from ..ops.rental import abandoned_eval_request, rental_job
 from ..ops.runs import IN_PROGRESS, in_flight_tags, tag_limits, verdicts
-from ..profiles import pool_tags
+from ..deploy.profiles import pool_tags
 from ..resources import OrbitResource
 
 BATCH = 50  # sensors time out at 60 s; partition-key validation of many requests counts

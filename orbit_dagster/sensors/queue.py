@@ -18,7 +18,7 @@ from ..control.capacity import capacity
 from ..control.queue import fail_undispatched, queued_jobs
 from ..jobs import train_job
 from ..ops.runs import in_flight_tags, tag_limits
-from ..profiles import pool_tags
+from ..deploy.profiles import pool_tags
 from ..resources import OrbitResource
 
 MAX_RUNS_PER_ATTEMPT = 3

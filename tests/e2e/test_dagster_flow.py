@@ -6,7 +6,7 @@ import dagster as dg
 import pytest
 
 from orbit_dagster.assets.partitions import checkpoint_key_of
-from orbit_dagster.instance import dagster_instance
+from orbit_dagster.deploy.instance import dagster_instance
 
 pytestmark = pytest.mark.e2e
 

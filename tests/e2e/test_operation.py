@@ -17,11 +17,11 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
-from orbit_dagster.instance import Daemon, dagster_instance, ensure_dagster_home, wait_for_daemon
+from orbit_dagster.deploy.instance import Daemon, dagster_instance, ensure_dagster_home, wait_for_daemon
 from orbit_dagster.ledger import records as R
-from orbit_dagster.services import ANSI, TICK_NOISE
+from orbit_dagster.deploy.services import ANSI, TICK_NOISE
 from tests.daemon_support import code_servers
 from tests.helpers import wait_for
 from tests.postgres import postgres, team_profile  # noqa: F401 - fixtures
@@ -77,7 +77,7 @@ def control_plane(pids: set[int]) -> dict[int, str]:
             continue
         if state in ("Z", "X"):  # exited, waiting for the init process to reap it: not running
             continue
-        if "orbit_dagster.providers.sim_host" not in cmd and "orbit_dagster.runtime.agent" not in cmd:
+        if "orbit_dagster.providers.sim.host" not in cmd and "orbit_dagster.runtime.agent" not in cmd:
             out[pid] = cmd[:200]
     return out
 

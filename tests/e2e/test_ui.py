@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orbit_dagster.instance import environment
+from orbit_dagster.deploy.instance import environment
 
 pytestmark = pytest.mark.e2e
 CHROMIUM = shutil.which("chromium")

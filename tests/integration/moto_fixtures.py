@@ -229,7 +229,7 @@ class Ec2HostStandIn:
     def _boot(self, inst: dict):
         import base64
 
-        from orbit_dagster.providers.aws_bootstrap import host_key_from_user_data, new_ed25519
+        from orbit_dagster.providers.aws.bootstrap import host_key_from_user_data, new_ed25519
         from tests.integration.sshd import start_sshd
 
         data = self._ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")

@@ -22,15 +22,15 @@ from orbit_dagster.control import attempt as attempt_module
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.migration import consider_migrations
 from orbit_dagster.control.providers import using
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
 from orbit_dagster.core.offers import Offer
 from orbit_dagster.control.observations import measured_step_seconds
 from orbit_dagster.control.offers import measured_save_seconds
 from orbit_dagster.ledger import records as R
 from orbit_dagster.policy.launch_replay import Launch, Move, Tick
-from orbit_dagster.providers.sim import SimProvider
-from orbit_dagster.providers.sim_market import MarketConfig, TraceMarket, place_segment, read_market
+from orbit_dagster.providers.sim.provider import SimProvider
+from orbit_dagster.providers.sim.market import MarketConfig, TraceMarket, place_segment, read_market
 
 WORKLOAD = Path(__file__).parent / "paced_workload"
 TEMPLATE = "replay-paced"

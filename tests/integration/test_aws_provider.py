@@ -26,9 +26,9 @@ from orbit_dagster.core.execution import Resources
 from orbit_dagster.core.offers import Offer
 from orbit_dagster.core.submission import TaskSubmission, apply_overrides
 from orbit_dagster.core.templates import load_template
-from orbit_dagster.providers.aws import AwsSpotProvider
-from orbit_dagster.providers.aws_bootstrap import host_key_from_user_data
-from orbit_dagster.providers.aws_errors import transition_time
+from orbit_dagster.providers.aws.provider import AwsSpotProvider
+from orbit_dagster.providers.aws.bootstrap import host_key_from_user_data
+from orbit_dagster.providers.aws.errors import transition_time
 from orbit_dagster.providers.base import LaunchSpec, RunHandle, RunStatus
 from orbit_dagster.storage import open_store
 from tests.helpers import wait_for
@@ -297,7 +297,7 @@ def _submit(settings, overrides: dict, experiment: str) -> str:
     """`orbit submit charlm-finetune --set placement=aws_spot --set ...`, the CLI itself."""
     from click.testing import CliRunner
 
-    from orbit_dagster.cli import cli
+    from orbit_dagster.cli.commands import cli
 
     args = ["submit", "charlm-finetune", "--experiment", experiment]
     for k, v in {"placement": "aws_spot", **overrides}.items():
@@ -308,7 +308,7 @@ def _submit(settings, overrides: dict, experiment: str) -> str:
 
 
 def _aws_settings(orbit_home, aws_env, ami, ec2_host, monkeypatch):
-    from orbit_dagster.control.settings import Settings
+    from orbit_dagster.settings import Settings
 
     orbit_home.mkdir(parents=True, exist_ok=True)
     (orbit_home / "aws_spot_prices.tsv").write_text(PRICES_TSV)

@@ -10,7 +10,7 @@ import dagster as dg
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.discovery import refresh_catalog
 from orbit_dagster.control.prices import ingest_prices
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import cancel, submit
 from orbit_dagster.ledger import records as R
 from orbit_dagster.resources import OrbitResource
@@ -63,7 +63,7 @@ def test_eval_backfill_launches_a_dagster_backfill_of_exactly_the_missing_pairs(
     from orbit_dagster.assets.partitions import checkpoint_key_of
     from orbit_dagster.control.backfill import plan_backfill
     from orbit_dagster.definitions import defs
-    from orbit_dagster.instance import dagster_instance
+    from orbit_dagster.deploy.instance import dagster_instance
 
     settings = Settings.from_env(orbit_home)
     job = submit(settings, "charlm-finetune", {"config.steps": 12, "checkpoint.every_steps": 4})

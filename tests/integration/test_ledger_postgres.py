@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from orbit_dagster.control.best import rank_best
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.core.lifecycle import JobState
 from orbit_dagster.ledger import Ledger, LedgerError
 from orbit_dagster.ledger import queries as Q
@@ -181,8 +181,8 @@ def orbit(*args, env=None):
 
 
 def test_team_profile_puts_dagster_and_the_ledger_on_postgres_and_one_setting_switches_back(team_profile, orbit_home):
-    from orbit_dagster.instance import dagster_instance, ensure_dagster_home
-    from orbit_dagster.profiles import Profile
+    from orbit_dagster.deploy.instance import dagster_instance, ensure_dagster_home
+    from orbit_dagster.deploy.profiles import Profile
 
     postgres, name = team_profile
     settings = Settings.from_env(orbit_home)
@@ -218,7 +218,7 @@ def test_team_profile_puts_dagster_and_the_ledger_on_postgres_and_one_setting_sw
 
 
 def test_dagster_yaml_is_written_once_and_never_overwritten(team_profile, orbit_home, monkeypatch):
-    from orbit_dagster.instance import ensure_dagster_home
+    from orbit_dagster.deploy.instance import ensure_dagster_home
 
     settings = Settings.from_env(orbit_home)
     cfg = ensure_dagster_home(settings) / "dagster.yaml"

@@ -4,7 +4,7 @@ import pytest
 
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.evaluate import evaluate_checkpoint
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
 from orbit_dagster.storage import store_of
 from tests.integration.moto_fixtures import (REGION, ami, aws_env, ec2_host, moto_ami,  # noqa: F401

@@ -27,11 +27,11 @@ import threading
 import pytest
 
 from orbit_dagster.catalog.traces import load_trace
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.policy.checkpointing import OrbitInterval
 from orbit_dagster.policy.launch_replay import ControlJob, replay_control
 from orbit_dagster.policy.simulate import JobParams, replay
-from orbit_dagster.providers.sim_market import trace_offer
+from orbit_dagster.providers.sim.market import trace_offer
 from tests.conftest import kill_processes_under, shared_data_dir
 from tests.integration.replay_driver import (SegmentRun, measured_launches, paced_template, serialise_metric_flushes,
                                              timeline)

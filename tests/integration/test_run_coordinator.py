@@ -9,7 +9,7 @@ import pytest
 from dagster._core.test_utils import in_process_test_workspace
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.core.lifecycle import JobState
 from orbit_dagster.ledger import records as R
 
@@ -25,7 +25,7 @@ def new_job(ledger, job_id: str, placement: str) -> None:
 
 def test_a_run_launched_from_the_ui_is_put_in_its_jobs_pool(orbit_home, monkeypatch, caplog):
     from orbit_dagster.definitions import defs
-    from orbit_dagster.instance import dagster_instance
+    from orbit_dagster.deploy.instance import dagster_instance
 
     settings = Settings.from_env(orbit_home)
     new_job(settings.ledger(), "jsim", "sim")

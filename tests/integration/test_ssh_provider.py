@@ -25,7 +25,7 @@ from orbit_dagster.core.errors import (
 )
 from orbit_dagster.core.execution import Resources
 from orbit_dagster.providers.base import InstanceHandle, LaunchSpec, RunHandle
-from orbit_dagster.providers.ssh import SshProvider
+from orbit_dagster.providers.ssh.provider import SshProvider
 from orbit_dagster.storage.fs import FsStore
 from tests.helpers import wait_for
 from tests.unit.runtime.test_agent import small_bundle
@@ -306,7 +306,7 @@ def test_an_unreachable_host_is_a_network_error_then_not_alive_after_the_grace(s
 # ---- the control plane through this provider ----------------------------------------------
 def test_the_control_plane_runs_an_attempt_on_the_ssh_host(ssh_inventory, tmp_path, orbit_home, monkeypatch):
     from orbit_dagster.control.attempt import run_attempt
-    from orbit_dagster.control.settings import Settings
+    from orbit_dagster.settings import Settings
     from orbit_dagster.control.submit import submit
 
     monkeypatch.setenv("ORBIT_SSH_HOSTS", str(ssh_inventory()))  # what a user sets; submit checks it fits

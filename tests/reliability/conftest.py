@@ -6,7 +6,7 @@ import uuid
 import pytest
 
 from orbit_dagster.control.attempt import run_attempt
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import _bundle_row, ensure_experiment, submit
 from orbit_dagster.core.bundle import build_bundle
 from orbit_dagster.core.lifecycle import JobState

@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.ledger import records as R
 from orbit_dagster.storage.base import open_store, parse_checkpoint_dir
 
-HOST_MARKS = (b"orbit_dagster.providers.sim_host", b"orbit_dagster.runtime.agent")
+HOST_MARKS = (b"orbit_dagster.providers.sim.host", b"orbit_dagster.runtime.agent")
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Proc:
         c = self.cmdline
         if "orbit-reference-" in c:
             return "reference"  # the test's own uninterrupted run (demo.ReferenceRun), outside the market
-        if "orbit_dagster.providers.sim_host" in c:
+        if "orbit_dagster.providers.sim.host" in c:
             return "host"
         if "orbit_dagster.runtime.agent" in c:
             return "agent"

@@ -24,10 +24,10 @@ from typing import Callable
 
 import dagster as dg
 
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
-from orbit_dagster.demo import ReferenceRun
-from orbit_dagster.instance import Daemon, dagster_instance
+from orbit_dagster.cli.demo import ReferenceRun
+from orbit_dagster.deploy.instance import Daemon, dagster_instance
 from orbit_dagster.ledger import records as R
 from tests.reliability.control_plane import (bill_of, checkpoints_on_disk, control_plane, materializations,
                                              processes_of, sigkill, wait_gone)

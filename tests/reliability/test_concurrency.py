@@ -25,7 +25,7 @@ EVENTS = int(os.environ.get("ORBIT_RELIABILITY_EVENTS", "250"))
 
 WRITER = """
 import json, sys, time
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.core.lifecycle import JobState
 from orbit_dagster.ledger import records as R
 
@@ -42,7 +42,7 @@ print(json.dumps({"won": won}), flush=True)
 
 READER = """
 import json, sys, time, os
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 
 home, how, stop, out = sys.argv[1:5]
 ledger = Settings.from_env(home).ledger()

@@ -14,9 +14,9 @@ import uuid
 import dagster as dg
 import pytest
 
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import cancel, submit
-from orbit_dagster.instance import Daemon, dagster_instance
+from orbit_dagster.deploy.instance import Daemon, dagster_instance
 from orbit_dagster.ledger import records as R
 from tests import helpers
 from tests.conftest import kill_processes_under

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from orbit_dagster.control.settings import Settings
-from orbit_dagster.services import say
+from orbit_dagster.settings import Settings
+from orbit_dagster.deploy.services import say
 from tests.postgres import postgres, team_profile  # noqa: F401 - fixtures
 from tests.reliability.soak import Soak
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from orbit_dagster.control.settings import Settings
-from orbit_dagster.instance import Daemon, dagster_instance, running_daemon
-from orbit_dagster.service_logs import DISK_ERROR
+from orbit_dagster.settings import Settings
+from orbit_dagster.deploy.instance import Daemon, dagster_instance, running_daemon
+from orbit_dagster.deploy.logs import DISK_ERROR
 from tests.conftest import kill_processes_under
 from tests.daemon_support import (code_servers, descendants, ours_alive, sensor_ticks, start_orbit, stop,
                                   ticks_after, wait_text)
@@ -106,8 +106,8 @@ def test_a_daemon_elsewhere_on_the_same_storage_is_refused(orbit_home):
 @pytest.mark.fault("four processes open a new Dagster storage at the same moment (the CLI registering partitions "
                    "while a daemon starts)", expect="every one opens it; one schema stamp per storage")
 def test_a_new_storage_opened_by_four_processes_at_once_is_made_once(orbit_home):
-    code = ("from orbit_dagster.control.settings import Settings\n"
-            "from orbit_dagster.instance import dagster_instance\n"
+    code = ("from orbit_dagster.settings import Settings\n"
+            "from orbit_dagster.deploy.instance import dagster_instance\n"
             "with dagster_instance(Settings.from_env()) as i:\n"
             "    i.get_run_records(limit=1)\n")
     procs = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) for _ in range(4)]

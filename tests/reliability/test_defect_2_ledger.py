@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orbit_dagster.cli import main
+from orbit_dagster.cli.commands import main
 from orbit_dagster.core.lifecycle import JobState
 from orbit_dagster.ledger import Ledger
 from orbit_dagster.ledger import records as R
@@ -22,7 +22,7 @@ TXN_ROWS = 10
 # events tagged with the transaction's number, all or nothing. It never stops by itself.
 WRITER = """
 import sys, time
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.core.lifecycle import JobState
 from orbit_dagster.ledger import Ledger
 from orbit_dagster.ledger import records as R, utcnow

@@ -15,7 +15,7 @@ import math
 
 import pytest
 
-from orbit_dagster.cli import main
+from orbit_dagster.cli.commands import main
 from orbit_dagster.control.best import compute_best
 from orbit_dagster.control.evaluate import (
     MAX_EVAL_TRIES,
@@ -26,12 +26,12 @@ from orbit_dagster.control.evaluate import (
 )
 from orbit_dagster.control.importer import import_run
 from orbit_dagster.control.providers import provider_for
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.core.errors import CheckpointIntegrityError, OrbitError, ProviderError
 from orbit_dagster.ledger import records as R
 from orbit_dagster.ledger import utcnow
 from orbit_dagster.providers.base import InstanceHandle
-from orbit_dagster.providers.sim import SimProvider
+from orbit_dagster.providers.sim.provider import SimProvider
 from orbit_dagster.storage import store_of
 from tests.conftest import kill_processes_under
 from tests.helpers import wait_for
@@ -96,7 +96,7 @@ def assert_released_and_billed(settings, rows: list[dict]) -> None:
 EVALUATOR = """
 import sys
 from orbit_dagster.control.evaluate import evaluate_checkpoint
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 
 result = evaluate_checkpoint(Settings.from_env(sys.argv[1]), sys.argv[2], suite=sys.argv[3], dagster_run_id=sys.argv[4],
                              poll_s=0.1)

@@ -12,7 +12,7 @@ import sqlalchemy.exc
 
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.reconcile import reconcile
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
 from orbit_dagster.ledger import records as R
 from orbit_dagster.providers.common import read_event_file
@@ -86,7 +86,7 @@ def test_a_torn_event_line_is_read_once_and_only_when_whole(tmp_path):
 RUN_WORKER = """
 import sys
 from orbit_dagster.control.attempt import run_attempt
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 
 run_attempt(Settings.from_env(sys.argv[1]), sys.argv[2], dagster_run_id="worker-killed", poll_s=0.05)
 """

@@ -15,7 +15,7 @@ import pytest
 
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.checkpoints import register
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
 from orbit_dagster.ledger import records as R
 from orbit_dagster.storage import CheckpointManifest, checkpoint_dir_name, open_store
@@ -95,7 +95,7 @@ def test_a_zero_byte_ledger_is_refused_by_every_command_and_check_names_what_is_
 
 SUBMIT_AND_HANG = """
 import sys, time
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
 job = submit(Settings.from_env(sys.argv[1]), "charlm-finetune", {"config.steps": 8})
 print(job, flush=True)
@@ -220,7 +220,7 @@ def test_a_truncated_or_corrupted_ledger_is_refused_and_left_as_it_was(settings,
 
 WRITER = """
 import sys
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.ledger import records as R
 ledger = Settings.from_env(sys.argv[1]).ledger()
 n = 0

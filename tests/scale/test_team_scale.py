@@ -20,11 +20,11 @@ import pytest
 from dagster._core.scheduler.instigation import InstigatorType
 
 from orbit_dagster.control.providers import provider_for
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
-from orbit_dagster.instance import Daemon, dagster_instance, ensure_dagster_home, wait_for_daemon
+from orbit_dagster.deploy.instance import Daemon, dagster_instance, ensure_dagster_home, wait_for_daemon
 from orbit_dagster.ledger import records as R
-from orbit_dagster.profiles import POOL_TAG, TRAIN_POOL_TAG
+from orbit_dagster.deploy.profiles import POOL_TAG, TRAIN_POOL_TAG
 from orbit_dagster.providers.base import RunHandle
 from orbit_dagster.resources import OrbitResource
 from tests.helpers import wait_for

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from orbit_dagster.cli import main
+from orbit_dagster.cli.commands import main
 
 AWS_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE")
 

@@ -205,7 +205,7 @@ def ec2_rows():
 @example(rows=[{"InstanceType": "p3.2xlarge", "Timestamp": datetime(2024, 1, 1, tzinfo=timezone.utc),
                 "SpotPrice": "abc", "AvailabilityZone": "us-east-1a"}])
 def test_ec2_price_history_rows_become_real_prices_or_an_error(rows):
-    from orbit_dagster.providers.aws_offers import AwsCatalog
+    from orbit_dagster.providers.aws.offers import AwsCatalog
 
     catalog = AwsCatalog(Ec2Stub(rows), prices_are_real=True)
     try:
@@ -299,7 +299,7 @@ host_events = st.lists(st.dictionaries(
 def test_host_event_lines_never_kill_the_run_following_the_attempt(tmp_path_factory, events):
     from orbit_dagster.control.attempt import AttemptMonitor
     from orbit_dagster.control.context import NullReporter
-    from orbit_dagster.control.settings import Settings
+    from orbit_dagster.settings import Settings
 
     class Host:  # the provider's side is not under test: the files are where the events say
         def localize_checkpoint(self, handle, ev, store_uri):

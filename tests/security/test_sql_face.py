@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from orbit_dagster.cli import main
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.cli.commands import main
+from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
 from tests.reliability import inject
 

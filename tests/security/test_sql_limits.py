@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from orbit_dagster.cli import main
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.cli.commands import main
+from orbit_dagster.settings import Settings
 from tests.postgres import postgres  # noqa: F401 - fixture
 from tests.security.measure import orbit
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from orbit_dagster.cli import main
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.cli.commands import main
+from orbit_dagster.settings import Settings
 from orbit_dagster.core.config_schema import show
 from orbit_dagster.core.errors import TemplateError
 from orbit_dagster.core.templates import MAX_TEMPLATE_BYTES, parse_template

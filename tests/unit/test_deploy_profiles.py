@@ -3,8 +3,8 @@ import pytest
 import yaml
 
 from orbit_dagster.core.errors import OrbitError
-from orbit_dagster.profiles import Pool, PostgresServer, Profile, parse_pools, pool_tags
-from orbit_dagster.services import clean_line
+from orbit_dagster.deploy.profiles import Pool, PostgresServer, Profile, parse_pools, pool_tags
+from orbit_dagster.deploy.services import clean_line
 
 
 def test_pools_leave_evaluations_a_quarter_of_each_provider():
@@ -52,7 +52,7 @@ def test_profiles_are_one_setting(monkeypatch):
 
 
 def test_who_follows_a_training_is_one_setting_with_a_default_per_profile(monkeypatch, tmp_path):
-    from orbit_dagster.control.settings import Settings
+    from orbit_dagster.settings import Settings
 
     assert Settings.from_env(tmp_path).follow == "run"
     monkeypatch.setenv("ORBIT_PROFILE", "team")
@@ -95,7 +95,7 @@ def test_dagster_yaml_of_each_profile_loads_as_a_dagster_instance_config(monkeyp
         assert config["concurrency"]["runs"]["max_concurrent_runs"] == 5 + 2 + 4 + 2
         # orbit's coordinator, which puts runs launched from the UI into their pools.
         assert {k: config["run_coordinator"][k] for k in ("module", "class")} == \
-            {"module": "orbit_dagster.run_coordinator", "class": "OrbitRunCoordinator"}
+            {"module": "orbit_dagster.deploy.run_coordinator", "class": "OrbitRunCoordinator"}
         assert ("run_retries" in config) == (profile == "team")
         assert ("storage" in config) == (profile == "team")
         assert "password" not in yaml.safe_load(text).get("storage", {}).get("postgres", {}).get("postgres_db", {})
@@ -128,7 +128,7 @@ def test_ticks_cut_off_by_a_stop_are_one_count_while_running_errors_stay_whole()
     def pumped(stopping: bool) -> tuple[str, int]:
         import threading
 
-        from orbit_dagster.services import LogPump, SafeWriter
+        from orbit_dagster.deploy.services import LogPump, SafeWriter
 
         out, flag = io.StringIO(), threading.Event()
         pump = LogPump("dagster-daemon", -1, SafeWriter(out), None, flag)

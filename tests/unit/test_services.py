@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from orbit_dagster.code_server import CodeServerAddress
+from orbit_dagster.deploy.code_server import CodeServerAddress
 from orbit_dagster.core.errors import OrbitError
-from orbit_dagster.instance_locks import DaemonLock, foreign_heartbeats
-from orbit_dagster.service_logs import DISK_ERROR, DiskNotices, LogPump, SafeWriter
+from orbit_dagster.deploy.locks import DaemonLock, foreign_heartbeats
+from orbit_dagster.deploy.logs import DISK_ERROR, DiskNotices, LogPump, SafeWriter
 
 TICK_FAILED = ["2026-12-01 21:40:23 +0000 - dagster.daemon.SensorDaemon - ERROR - Sensor tick caught an error\n",
                "Traceback (most recent call last):\n", '  File "sqlite_run_storage.py", line 112, in connect\n',
@@ -100,7 +100,7 @@ def test_only_live_heartbeats_of_unknown_daemons_are_foreign():
 
 
 def test_a_killed_supervisors_private_directory_is_removed_by_the_next_one(tmp_path):
-    from orbit_dagster.code_server import PRIVATE_PREFIX, sweep_stale
+    from orbit_dagster.deploy.code_server import PRIVATE_PREFIX, sweep_stale
 
     dead = tmp_path / f"{PRIVATE_PREFIX}{2 ** 22 + 1}-abc"
     live = tmp_path / f"{PRIVATE_PREFIX}{os.getpid()}-def"

@@ -8,7 +8,7 @@ import time
 
 from orbit_dagster.control import liveness
 from orbit_dagster.control.liveness import Worker
-from orbit_dagster.control.settings import Settings
+from orbit_dagster.settings import Settings
 
 
 def _worker(**kw) -> Worker:

@@ -17,8 +17,8 @@ from botocore.exceptions import ClientError, ConnectTimeoutError, ReadTimeoutErr
 from orbit_dagster.core.errors import (AuthError, NetworkError, NoCapacity, ProviderError, QuotaExceeded,
                                        ResourceNotFound, Throttled)
 from orbit_dagster.core.offers import Offer
-from orbit_dagster.providers.aws import AwsSpotProvider
-from orbit_dagster.providers.aws_errors import aws_errors, request_status_error, translate
+from orbit_dagster.providers.aws.provider import AwsSpotProvider
+from orbit_dagster.providers.aws.errors import aws_errors, request_status_error, translate
 from orbit_dagster.providers.base import InstanceHandle
 from orbit_dagster.storage import open_store
 from orbit_dagster.storage.s3 import S3StoreError

@@ -5,7 +5,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from orbit_dagster.providers.aws_errors import notice_from_spot_request, spot_status, transition_time
+from orbit_dagster.providers.aws.errors import notice_from_spot_request, spot_status, transition_time
 
 MARKED = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 NOW = MARKED + timedelta(seconds=5)

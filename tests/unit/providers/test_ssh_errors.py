@@ -18,7 +18,7 @@ from orbit_dagster.core.errors import (
     ResourceNotFound,
     Throttled,
 )
-from orbit_dagster.providers.ssh_errors import (
+from orbit_dagster.providers.ssh.errors import (
     RemoteCommandError,
     SlotsBusy,
     UnknownHostKey,

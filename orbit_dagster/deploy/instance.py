@@ -1,0 +1,223 @@
+"""The Dagster instance orbit uses: its home, its `dagster.yaml`, its workspace, its state.
+
+The home is `$ORBIT_HOME/dagster` for the `embedded` profile and `$ORBIT_HOME/dagster-team`
+for `team` (deploy/profiles.py), so each profile keeps its own `dagster.yaml` and switching is one
+setting. orbit writes a `dagster.yaml` only where there is none: after that it is the
+operator's file, and orbit never overwrites it (`orbit profile` says when it differs from
+what the profile would write now). The processes that serve the instance (code server,
+daemon, webserver) are in `deploy/services.py` and `deploy/serve.py`; one daemon per home and the storage's
+first initialisation are guarded by `deploy/locks.py`.
+"""
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from ..settings import Settings
+from .locks import DaemonLock, foreign_heartbeats, storage_initialised
+from .profiles import DEFAULT_POOLS, Profile
+
+if TYPE_CHECKING:
+    from dagster import DagsterInstance
+
+
+def _ssh_gpus(settings: Settings) -> int | None:
+    """GPUs in the SSH inventory: that provider's quota of concurrent work."""
+    if not settings.ssh_hosts.is_file():
+        return None
+    try:
+        from ..providers.ssh.inventory import load_inventory
+
+        return sum(h.gpus.count for h in load_inventory(settings.ssh_hosts).hosts) or None
+    except Exception:  # a broken inventory is reported where it is used, not here
+        return None
+
+
+def profile(settings: Settings) -> Profile:
+    """The deployment profile the environment selects (ORBIT_PROFILE, ORBIT_POOLS, ORBIT_POSTGRES_URL)."""
+    defaults = dict(DEFAULT_POOLS)
+    gpus = _ssh_gpus(settings)
+    if gpus:
+        defaults["ssh_rental"] = gpus
+    return Profile.from_env(defaults)
+
+
+def dagster_home(settings: Settings) -> Path:
+    return settings.home / profile(settings).dagster_dir
+
+
+def ensure_dagster_home(settings: Settings) -> Path:
+    """The profile's Dagster home, with a `dagster.yaml` written if (and only if) it has none.
+
+    For `team`, the two PostgreSQL databases are made on first use when the role may."""
+    prof = profile(settings)
+    home = settings.home / prof.dagster_dir
+    home.mkdir(parents=True, exist_ok=True)
+    if prof.postgres is not None:
+        from ..ledger.postgres import ensure_database
+
+        ensure_database(prof.postgres.url(prof.postgres.dagster_database), field="ORBIT_POSTGRES_URL")
+        ensure_database(prof.postgres.ledger_url, field="ORBIT_POSTGRES_URL")
+    cfg = home / "dagster.yaml"
+    if not cfg.exists():
+        # Written whole then renamed: two processes starting at once never see half a file.
+        tmp = cfg.with_name(f".dagster.yaml.{os.getpid()}")
+        tmp.write_text(prof.dagster_yaml())
+        os.replace(tmp, cfg)
+    return home
+
+
+def workspace_override() -> Path | None:
+    """An operator's own workspace (`$ORBIT_WORKSPACE`): the webserver and daemon load it as it is,
+    and orbit starts no code server. Unset (the default), orbit serves the code location itself."""
+    explicit = os.environ.get("ORBIT_WORKSPACE")
+    return Path(explicit).expanduser().resolve() if explicit else None
+
+
+def code_location_source() -> str:
+    """Where the webserver and daemon get orbit's code location from, in words."""
+    from .code_server import configured
+
+    explicit = workspace_override()
+    if explicit is not None:
+        return f"{explicit} (ORBIT_WORKSPACE)"
+    address = configured()
+    if address is not None:
+        return f"the code server at {address} (ORBIT_CODE_SERVER)"
+    return "a code server of their own (dagster api grpc on a private unix socket)"
+
+
+def environment(settings: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    env["ORBIT_HOME"] = str(settings.home)
+    env["DAGSTER_HOME"] = str(ensure_dagster_home(settings))
+    return env
+
+
+@contextmanager
+def dagster_instance(settings: Settings) -> Iterator["DagsterInstance"]:
+    """The persistent Dagster instance of the active profile. While its storage is new, the
+    opening happens under the storage lock (deploy/locks.py): processes opening a new
+    storage at the same moment would otherwise both stamp its schema and break it for good."""
+    from dagster import DagsterInstance
+
+    home = ensure_dagster_home(settings)
+    with storage_initialised(home):
+        instance = DagsterInstance.from_config(str(home))
+    with instance:
+        yield instance
+
+
+def prepare_instance(settings: Settings) -> Path:
+    """Open the instance once, before its processes start (its storage created if new). Returns
+    the Dagster home."""
+    with dagster_instance(settings) as instance:
+        instance.get_daemon_heartbeats()
+    return dagster_home(settings)
+
+
+def daemon_heartbeat_ids(settings: Settings) -> dict[str, tuple[float, str | None]]:
+    """Each daemon kind's last heartbeat: (seconds since, the daemon process's id)."""
+    with dagster_instance(settings) as instance:
+        now = time.time()
+        return {kind: (now - hb.timestamp, hb.daemon_id) for kind, hb in instance.get_daemon_heartbeats().items()}
+
+
+def daemon_heartbeats(settings: Settings) -> dict[str, float]:
+    """Seconds since each daemon (sensors, run queue, monitoring, ...) last sent a heartbeat."""
+    return {kind: age for kind, (age, _) in daemon_heartbeat_ids(settings).items()}
+
+
+def foreign_daemon(settings: Settings, lock: DaemonLock) -> dict[str, tuple[float, str]]:
+    """Live heartbeats from a daemon this home's lock does not know (one elsewhere on a shared storage)."""
+    beats = daemon_heartbeat_ids(settings)
+    lock.adopt_orphans(beats)
+    return foreign_heartbeats(beats, lock.known_ids())
+
+
+def running_daemon(settings: Settings) -> str | None:
+    """A line naming the daemon that runs for this instance, or None when there is none."""
+    lock = DaemonLock(ensure_dagster_home(settings))
+    holder = lock.holder()
+    if holder is not None:
+        return (f"a daemon already runs for this Dagster home ({holder.get('what', 'orbit daemon')}, pid "
+                f"{holder.get('pid', '?')}, since {holder.get('since', '?')})")
+    foreign = foreign_daemon(settings, lock)
+    if foreign:
+        age, did = min(foreign.values())
+        return f"a daemon heartbeats to this instance from elsewhere (daemon id {did[:8]}, {age:.0f} s ago)"
+    return None
+
+
+def daemon_alive(settings: Settings, max_age_s: float = 30.0) -> bool:
+    """True if a daemon has sent heartbeats to this instance recently."""
+    return any(age < max_age_s for age in daemon_heartbeats(settings).values())
+
+
+# The daemons orbit needs before a submission can move: sensors launch, the queue dequeues.
+NEEDED_DAEMONS = {"SENSOR": "sensors", "QUEUED_RUN_COORDINATOR": "run queue"}
+
+
+def wait_for_daemon(settings: Settings, *, timeout_s: float = 120.0, say: Callable[[str], None] | None = None,
+                    log: Path | None = None,
+                    seen: Callable[[dict[str, tuple[float, str | None]]], None] | None = None) -> float:
+    """Wait until the sensor and run-queue daemons heartbeat; say what is being waited for.
+    `seen` gets every poll's heartbeats (age, daemon id) before they are judged."""
+    from ..core.errors import OrbitError
+
+    say = say or (lambda _line: None)
+    start = time.time()
+    said = False
+    while True:
+        beats = daemon_heartbeat_ids(settings)
+        if seen is not None:
+            seen(beats)
+        fresh = {k for k, (age, _) in beats.items() if age < 10.0}
+        if set(NEEDED_DAEMONS) <= fresh:
+            waited = time.time() - start
+            say(f"daemon up after {waited:.0f} s: {', '.join(sorted(NEEDED_DAEMONS.values()))} ticking")
+            return waited
+        if not said:
+            say("waiting for the Dagster daemon's first heartbeat (~5-10 s here once the code server "
+                "answers); jobs stay QUEUED until then")
+            said = True
+        if time.time() - start > timeout_s:
+            where = log or dagster_home(settings) / "daemon.log"
+            raise OrbitError(f"the Dagster daemon did not heartbeat within {timeout_s:.0f} s",
+                             field="daemon", value=sorted(fresh), fix=f"see {where}")
+        time.sleep(1.0)
+
+
+def in_progress_runs(settings: Settings) -> int:
+    from dagster import DagsterRunStatus, RunsFilter
+
+    statuses = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+                DagsterRunStatus.STARTED]
+    with dagster_instance(settings) as instance:
+        return len(instance.get_run_records(RunsFilter(statuses=statuses)))
+
+
+def wait_until_idle(settings: Settings, *, quiet_s: float = 12.0, timeout_s: float = 300.0) -> bool:
+    """Wait until no run has been queued or in progress for `quiet_s` (sensors included)."""
+    deadline = time.time() + timeout_s
+    quiet_since = None
+    while time.time() < deadline:
+        if in_progress_runs(settings):
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = time.time()
+        elif time.time() - quiet_since >= quiet_s:
+            return True
+        time.sleep(1.0)
+    return False
+
+
+# The processes live in deploy/services.py; imported last, for callers that take them from here.
+from .services import Daemon, Webserver  # noqa: E402
+
+__all__ = ["Daemon", "Webserver", "code_location_source", "dagster_home", "dagster_instance", "daemon_alive",
+           "ensure_dagster_home", "environment", "prepare_instance", "profile", "running_daemon", "wait_for_daemon",
+           "wait_until_idle", "workspace_override"]

@@ -1,0 +1,1 @@
+"""The aws provider: see provider.py."""

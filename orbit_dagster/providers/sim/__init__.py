@@ -1,0 +1,1 @@
+"""The sim provider: see provider.py."""

@@ -1,0 +1,1 @@
+"""The ssh provider: see provider.py."""
