@@ -50,6 +50,9 @@ def disk_home(tmp_path, monkeypatch):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
+# Minutes of daemon, training and retry on a tmpfs: `make test-all`. In `make test` the agent's exit 74 on a
+# full disk is test_defect_1_6_8_attempts.py::test_defect_8_*, the daemon on a full disk test_daemon_faults.py.
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 @pytest.mark.fault("the disk under the whole home (ledger, Dagster storage, hosts, store; a 128 MiB tmpfs) fills "
                    "while a job trains through the daemon; space returns a minute later",
