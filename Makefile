@@ -28,7 +28,7 @@ system-deps:
 demo: install
 	$(BIN)/orbit demo
 
-# Four pytest processes side by side (scripts/test.sh): end-to-end, the PostgreSQL scale test,
+# Three lanes side by side (scripts/test.sh): end-to-end then the PostgreSQL scale test,
 # integration, the rest.
 test: install system-deps
 	PYTHON=$(BIN)/python scripts/test.sh

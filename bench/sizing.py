@@ -86,10 +86,10 @@ def tick_seconds(n: int) -> dict[str, float]:
         for sensor in (job_queue_sensor, checkpoint_evaluation_sensor):
             times = []
             for _ in range(3):
-                ctx = dg.build_sensor_context(instance=instance, resources={"orbit": OrbitResource()})
-                t = time.perf_counter()
-                result = sensor(ctx)
-                times.append(time.perf_counter() - t)
+                with dg.build_sensor_context(instance=instance, resources={"orbit": OrbitResource()}) as ctx:
+                    t = time.perf_counter()
+                    result = sensor(ctx)
+                    times.append(time.perf_counter() - t)
             out[sensor.name] = statistics.median(times)
             out[sensor.name + ":requests"] = len(result.run_requests)
     return out

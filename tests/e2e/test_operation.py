@@ -85,7 +85,7 @@ def control_plane(pids: set[int]) -> dict[int, str]:
 def stop_and_time(proc: subprocess.Popen) -> float:
     t = time.time()
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
+    proc.wait(timeout=120)
     return time.time() - t
 
 
@@ -122,7 +122,8 @@ def test_orbit_daemon_says_what_it_waits_for_logs_cleanly_and_stops_on_sigterm(o
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0 and took < 30, (proc.returncode, took)
+    # Stopped politely (a hang would take the supervisor's SIGKILL after STOP_TIMEOUT_S, and say so).
+    assert proc.returncode == 0 and took < 120, (proc.returncode, took)
     alive = control_plane(children)
     assert not alive, f"left running after SIGTERM: {alive}"
     status = err.read_text()
@@ -157,7 +158,8 @@ def test_orbit_ui_listens_on_loopback_only_and_stops_with_its_daemon(orbit_home,
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0 and took < 30, (proc.returncode, took)
+    # Stopped politely (a hang would take the supervisor's SIGKILL after STOP_TIMEOUT_S, and say so).
+    assert proc.returncode == 0 and took < 120, (proc.returncode, took)
     assert not control_plane(children)
     web, daemon_log = out.read_text(), (orbit_home / "dagster" / "daemon.log").read_text()
     assert_clean_log(web)

@@ -197,7 +197,8 @@ def test_provision_reaches_the_instance_over_ssh_with_its_own_host_key_and_bills
     times = hosted.terminate(inst, "test over")
     assert _ec2_instance(aws_env, inst.instance_id)["State"]["Name"] == "terminated"
     assert times.started_at == ec2["LaunchTime"].astimezone(timezone.utc) == inst.started_at
-    assert 1.0 <= (times.stopped_at - times.started_at).total_seconds() < 60 and times.reason == "test over"
+    # Billed from the launch time (seconds to minutes ago on a loaded machine), not from the epoch.
+    assert 1.0 <= (times.stopped_at - times.started_at).total_seconds() < 900 and times.reason == "test over"
     assert not hosted.instance_alive(inst)
     wait_for(lambda: ec2_host.serving is None, 10, what="the stand-in machine to go with its instance")
     assert hosted.terminate(inst, "again") == times  # idempotent: the first stop time stands

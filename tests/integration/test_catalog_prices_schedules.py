@@ -80,9 +80,9 @@ def test_eval_backfill_launches_a_dagster_backfill_of_exactly_the_missing_pairs(
         tx.execute("DELETE FROM evaluations WHERE checkpoint_key = ?", [keys[1]])
         tx.execute("UPDATE evaluations SET state = 'SUCCEEDED' WHERE checkpoint_key = ?", [keys[2]])
     with dagster_instance(settings) as instance:
-        context = dg.build_sensor_context(instance=instance, repository_def=defs.get_repository_def(),
-                                          resources={"orbit": OrbitResource(home=str(orbit_home))})
-        result = eval_backfill_sensor(context)
+        with dg.build_sensor_context(instance=instance, repository_def=defs.get_repository_def(),
+                                     resources={"orbit": OrbitResource(home=str(orbit_home))}) as context:
+            result = eval_backfill_sensor(context)
     [request] = result.run_requests
     assert request.requires_backfill_daemon() and request.tags["orbit/suite"] == "heldout@v1"
     subset = request.asset_graph_subset

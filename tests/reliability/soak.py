@@ -35,6 +35,8 @@ from tests.reliability.control_plane import (bill_of, checkpoints_on_disk, contr
 ACTIONS = ("run_worker", "code_server", "daemon", "supervisor_group", "control_plane", "machine", "host_process",
            "host_group")
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+# Reconcile's promise: within one interval (2 minutes) of the daemon being back, of the end.
+RECONCILE_S = 120.0
 
 
 @dataclass
@@ -51,11 +53,12 @@ class Soak:
     settings: Settings
     seed: int
     jobs: int = 2
-    kills: int = 4
+    kills: int = 3
     steps: int = 160
     every: int = 80
     actions: tuple[str, ...] = ACTIONS
     pause_s: tuple[float, float] = (0.0, 8.0)
+    first: str | None = "control_plane"
     restart_postgres: Callable[[], None] | None = None
     say: Callable[[str], None] = print
     job_ids: list[str] = field(default_factory=list)
@@ -67,22 +70,35 @@ class Soak:
         return self.settings.home
 
     def plan(self) -> list[Kill]:
-        """The kills, drawn from the seed: each at a share of the jobs' total training."""
+        """The kills: first, `first` (by default the whole control plane, while the jobs train),
+        then `kills` drawn from the seed, each at a share of the jobs' total training."""
         rng = random.Random(self.seed)
         total = self.jobs * self.steps
-        marks = sorted(rng.uniform(0.1, 0.8) * total for _ in range(self.kills))
+        marks = sorted(rng.uniform(0.25, 0.8) * total for _ in range(self.kills))
         actions = list(self.actions) + (["postgres"] if self.restart_postgres else [])
-        return [Kill(rng.choice(actions), int(m), round(rng.uniform(*self.pause_s), 1)) for m in marks]
+        drawn = [Kill(rng.choice(actions), int(m), round(rng.uniform(*self.pause_s), 1)) for m in marks]
+        return ([Kill(self.first, int(0.15 * total), 3.0)] if self.first else []) + drawn
 
     # ---- what the hosts did (their own files, not the ledger) -------------------------
     def _host_events(self) -> list[dict]:
+        """Every event line the hosts wrote, each with the job and purpose its instance was rented
+        for (from the instance's own spec)."""
         out = []
-        for path in (self.home / "sim" / "instances").glob("*/work/artifacts/events.jsonl"):
+        for root in (self.home / "sim" / "instances").glob("*"):
+            path = root / "work" / "artifacts" / "events.jsonl"
+            if not path.is_file():
+                continue
+            try:
+                tags = json.loads((root / "instance.json").read_text()).get("tags") or {}
+            except (OSError, ValueError):
+                tags = {}
             for line in path.read_text(errors="replace").splitlines():
                 try:
-                    out.append(json.loads(line))
+                    ev = json.loads(line)
                 except ValueError:
                     continue  # a line torn by a kill
+                if isinstance(ev, dict):
+                    out.append({**ev, "_job": tags.get("orbit/job"), "_attempt": tags.get("orbit/attempt")})
         return out
 
     def host_progress(self) -> int:
@@ -220,6 +236,10 @@ class Soak:
         assert all(s == "SUCCEEDED" for s in states.values()), states
         with dagster_instance(self.settings) as instance:
             counts = materializations(instance, "checkpoint")
+        # An attempt rents one instance, whoever races for it (a launch run's successor, a re-attach).
+        relaunched = {r["run_id"]: r["n"] for r in ledger.rows(
+            """SELECT run_id, count(*) AS n FROM instances WHERE purpose = 'train' AND job_id IN ({})
+               GROUP BY run_id HAVING count(*) > 1""".format(", ".join("?" for _ in self.job_ids)), self.job_ids)}
         duplicated = {k: n for k, n in counts.items() if n > 1}
         lost, billed_off = [], []
         for job in self.job_ids:
@@ -237,12 +257,22 @@ class Soak:
             """SELECT c.job_id, c.weights_sha256 FROM checkpoints c WHERE c.job_id IN ({})
                AND c.step = (SELECT max(step) FROM checkpoints x WHERE x.job_id = c.job_id)""".format(
                 ", ".join("?" for _ in self.job_ids)), self.job_ids)}
+        late = {}
+        for job in self.job_ids:  # the end recorded within the reconcile interval of the workload's exit
+            ended = float(R.require_job(ledger, job)["state_at"])
+            exits = [float(ev["ts"]) for ev in self._host_events() if ev.get("type") == "exit"
+                     and ev["_job"] == job and ev.get("_attempt") not in (None, "0") and isinstance(ev.get("ts"), (int, float))]
+            exited = max((t for t in exits if t <= ended + 1), default=ended)
+            if ended - exited > RECONCILE_S:
+                late[job] = round(ended - exited, 1)
         running = ledger.scalar("SELECT count(*) FROM instances WHERE stopped_at IS NULL")
         left = [p for p in processes_of(self.home) if p.kind in ("host", "agent")]
         assert not duplicated, f"checkpoints reported more than once: {duplicated}"
+        assert not relaunched, f"attempts launched more than once: {relaunched}"
         assert not lost, f"checkpoints lost: {lost}"
         assert not billed_off, f"attributed != billed: {billed_off}"
         assert running == 0 and not left, (running, left)
+        assert not late, f"ended later than the reconcile interval after the workload's exit: {late}"
         assert self.reference is not None and set(finals.values()) == {self.reference}, (finals, self.reference)
         return {
             "jobs": len(self.job_ids), "kills": len(self.done),

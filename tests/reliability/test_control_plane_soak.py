@@ -4,7 +4,11 @@ version) PostgreSQL are SIGKILLed at random points, singly and together, and res
 random pauses. Afterwards: 0 jobs stuck, 0 checkpoints lost or duplicated, 0 instances left
 running, attributed = billed to the cent, final weights bit-identical to an uninterrupted run.
 
-`make test` runs the short version (2 jobs, 4 kills, seed 7). `make test-all` adds the long
+The first kill is always the whole control plane while the jobs train (the daemon's process
+group, its code server, and the run workers following the jobs), then `orbit daemon` again:
+each job then ends SUCCEEDED within the reconcile interval of its workload's exit.
+
+`make test` runs the short version (2 jobs, the control plane then 3 drawn kills, seed 7). `make test-all` adds the long
 one: ORBIT_SOAK_MINUTES (60 by default) of rounds on the team profile, PostgreSQL restarts
 included. ORBIT_SOAK_SEED, ORBIT_SOAK_JOBS and ORBIT_SOAK_KILLS change the draw."""
 from __future__ import annotations
@@ -28,14 +32,17 @@ def _row(result: dict) -> str:
     return " | ".join(f"{k}={v}" for k, v in result.items())
 
 
-@pytest.mark.fault("control-plane kill soak, short: 2 jobs; 4 SIGKILLs drawn from run worker, code server, daemon, "
-                   "supervisor group, whole control plane, the machine, a host process, a host group; restarts after "
-                   "random pauses",
-                   expect="0 jobs stuck, 0 checkpoints lost or duplicated, 0 instances running, attributed = billed, "
-                          "bit-identical final weights")
-def test_control_plane_kill_soak_loses_duplicates_and_leaves_nothing(orbit_home):
+@pytest.mark.timeout(1800)
+@pytest.mark.fault("control-plane kill soak, short: 2 jobs; first every control-plane process SIGKILLed at once "
+                   "(daemon's process group, code server, the run workers following the jobs) mid-training, then 3 "
+                   "SIGKILLs drawn from run worker, code server, daemon, supervisor group, whole control plane, the "
+                   "machine, a host process, a host group; `orbit daemon` again after each, after a drawn pause",
+                   expect="dead runs failed in Dagster, their attempts taken up (never relaunched); each job SUCCEEDED "
+                          "within the reconcile interval of its workload's exit; 0 checkpoints lost or duplicated; 0 "
+                          "instances running; attributed = billed; bit-identical final weights")
+def test_sigkill_of_the_control_plane_then_random_kills_lose_duplicate_and_leave_nothing(orbit_home):
     soak = Soak(Settings.from_env(orbit_home), seed=_int("ORBIT_SOAK_SEED", 7), jobs=_int("ORBIT_SOAK_JOBS", 2),
-                kills=_int("ORBIT_SOAK_KILLS", 4), say=say)
+                kills=_int("ORBIT_SOAK_KILLS", 3), say=say)
     try:
         soak.run(timeout_s=1500)
         say("soak: " + _row(soak.check()))
@@ -44,6 +51,7 @@ def test_control_plane_kill_soak_loses_duplicates_and_leaves_nothing(orbit_home)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(0)  # ORBIT_SOAK_MINUTES bounds it
 @pytest.mark.fault("control-plane kill soak, long: rounds of 3 jobs for ORBIT_SOAK_MINUTES on the team profile "
                    "(PostgreSQL), PostgreSQL crash-restarts among the kills",
                    expect="every round: 0 stuck, 0 lost or duplicated, 0 running, attributed = billed, bit-identical")

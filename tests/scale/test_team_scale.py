@@ -61,8 +61,8 @@ def test_queue_sensor_puts_each_run_in_its_providers_pool(team_profile, orbit_ho
     settings = Settings.from_env(orbit_home)
     job = submit(settings, "charlm-finetune", {"config.steps": 8}, experiment="pools")
     with dagster_instance(settings) as instance:
-        ctx = dg.build_sensor_context(instance=instance, resources={"orbit": OrbitResource()})
-        result = job_queue_sensor(ctx)
+        with dg.build_sensor_context(instance=instance, resources={"orbit": OrbitResource()}) as ctx:
+            result = job_queue_sensor(ctx)
     (request,) = result.run_requests
     assert request.partition_key == job
     assert request.tags[POOL_TAG] == "sim" and request.tags[TRAIN_POOL_TAG] == "sim"

@@ -93,7 +93,7 @@ class SimProvider:
         self.schedule = schedule or NoReclaims()
         self.notice_seconds = notice_seconds
         self.grace_seconds = grace_seconds
-        self.market = market  # providers.sim_market.MarketConfig: the clock prices replay on
+        self.market = market  # providers.sim.market.MarketConfig: the clock prices replay on
 
     # ---- offers -------------------------------------------------------------------
     def list_offers(self, resources: Resources | None = None) -> list[Offer]:
