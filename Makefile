@@ -9,7 +9,7 @@ export ORBIT_HOME ?= $(CURDIR)/.orbit
 # without it, the market replays traces generated from the model fitted to them.
 export ORBIT_SIM_TRACES ?= $(wildcard $(CURDIR)/../shared/data/traces)
 
-.PHONY: install system-deps demo test test-all test-fast ui clean
+.PHONY: install system-deps demo lint test test-all test-fast ui clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,14 +28,19 @@ system-deps:
 demo: install
 	$(BIN)/orbit demo
 
+# The linter (ruff, configured in pyproject.toml): `make test` runs it first, so a lint error
+# fails the suite in seconds.
+lint: install
+	$(BIN)/ruff check .
+
 # Three lanes side by side (scripts/test.sh): end-to-end then the PostgreSQL scale test,
 # integration, the rest.
-test: install system-deps
+test: install system-deps lint
 	PYTHON=$(BIN)/python scripts/test.sh
 
 # Everything, the opt-in tests too (`slow`: a run worker killed under the team profile, a few
 # long duplicates of covered paths): tens of minutes.
-test-all: install system-deps
+test-all: install system-deps lint
 	HYPOTHESIS_PROFILE=random PYTHON=$(BIN)/python scripts/test.sh -m ''
 
 test-fast: install

@@ -19,7 +19,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..ledger import Ledger
-from ..deploy.profiles import POOL_TAG, TRAIN_POOL_TAG
+
+# The run tags Dagster's tag concurrency limits count (deploy/profiles.py renders the limits).
+POOL_TAG = "orbit/pool"  # every run that rents from a provider: its placement
+TRAIN_POOL_TAG = "orbit/train-pool"  # training runs only: the share trainings may take
 
 
 @dataclass

@@ -29,10 +29,9 @@ from typing import get_args
 
 from ..core.errors import OrbitError
 from ..core.execution import Placement
+from ..control.capacity import POOL_TAG, TRAIN_POOL_TAG
 
 PROFILES = ("embedded", "team")
-POOL_TAG = "orbit/pool"  # every run that rents from a provider: its placement
-TRAIN_POOL_TAG = "orbit/train-pool"  # training runs only: the share trainings may take
 PLACEMENTS: tuple[str, ...] = get_args(Placement)
 # Concurrent instances per provider when ORBIT_POOLS does not say: the sim market is a few
 # processes on this machine; an SSH inventory's size and an EC2 account's spot quota are
