@@ -4,7 +4,7 @@
   plain blocks, inline code) parses against the real click CLI: no unknown command, no unknown
   option, no option without its value, no extra argument, no value a choice or a type refuses
   (placeholders such as JOB, EXP, FILE, N stand for any value);
-- every module path a page names exists;
+- every module path a page names exists, and every test it names is in the suite;
 - every `ORBIT_*` variable a page names is read by the package;
 - every bench command in docs/benchmarks.md rewrites its own section (`--record
   docs/benchmarks.md` for the scripts that have that flag), and every recorded section names
@@ -306,8 +306,40 @@ def test_every_module_path_a_page_names_exists():
     assert not missing, "\n".join(missing)
 
 
-# `ORBIT_*` settings: each one a page names is read by the code (a string constant that is the
-# name, not a mention in a docstring or comment): the package's settings, or the knobs of the
+# A bare file name in inline code (`checkpointing.py`) names one of this repository's files.
+BARE_FILE = re.compile(r"^[\w.-]+\.py$")
+
+
+def test_every_bare_file_name_a_page_names_exists():
+    ours = {p.name for top in TOP for p in (REPO / top).rglob("*.py")}
+    found = [s for s in all_snippets() if s.where == "inline" and BARE_FILE.match(s.text)]
+    assert len(found) >= 10, found
+    missing = sorted({str(s) for s in found if s.text not in ours})
+    assert not missing, "\n".join(missing)
+
+
+# Test names: a page that names a test (`test_...`, or `tests/...py::test_...`) names one the
+# suite has: a test function, or a test module. A name ending in `_` is a prefix (`test_defect_2_*`).
+TEST_NAME = re.compile(r"(?<![\w/.-])(test_[a-z0-9_]*[a-z0-9])\b(?!\.py)")
+
+
+@cache
+def suite_names() -> frozenset[str]:
+    names = {p.stem for p in (REPO / "tests").rglob("test_*.py")}
+    for path in (REPO / "tests").rglob("*.py"):
+        names |= set(re.findall(r"^\s*(?:async )?def (test_\w+)", path.read_text(encoding="utf-8"), re.MULTILINE))
+    return frozenset(names)
+
+
+def test_every_test_a_page_names_is_in_the_suite():
+    found = [(page, m.group(1)) for page, text in page_texts() for m in TEST_NAME.finditer(text)]
+    assert len(found) >= 50, found
+    missing = sorted({f"{page}: {name}" for page, name in found if name not in suite_names()})
+    assert not missing, "\n".join(missing)
+
+
+# `ORBIT_*` settings: each one a page names is read by the code (a string literal that is the
+# name): the package's settings, or the knobs of the
 # test suite and benchmarks that a page tells how to turn. Names the user chooses, which an
 # example shows, are not settings.
 USER_NAMED = {"ORBIT_BOX1_KEY", "ORBIT_BOX1_PASSPHRASE"}
@@ -316,17 +348,13 @@ VAR_RE = re.compile(r"\bORBIT_[A-Z0-9_]*[A-Z0-9](?:_\*)?|\bORBIT_[A-Z0-9_]+_\*")
 
 @cache
 def names_read_by_the_package() -> frozenset[str]:
+    """Names the code reads: a string literal that is exactly the name (`os.environ.get("ORBIT_X")`,
+    `_seconds("ORBIT_X", 60.0)`), not a mention in prose. Read as text: parsing every module is
+    ten times slower."""
+    literal = re.compile(r"""(?<![\w'"])(["'])(ORBIT_[A-Z0-9_]+)\1""")
     names: set[str] = set()
     for path in [*PACKAGE.rglob("*.py"), *(REPO / "tests").rglob("*.py"), *(REPO / "bench").glob("*.py")]:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                      and node.body and isinstance(node.body[0], ast.Expr)
-                      and isinstance(node.body[0].value, ast.Constant)}
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-                    and re.fullmatch(r"ORBIT_[A-Z0-9_]+", node.value)):
-                names.add(node.value)
+        names |= {m.group(2) for m in literal.finditer(path.read_text(encoding="utf-8"))}
     return frozenset(names)
 
 
