@@ -318,6 +318,62 @@ def test_every_bare_file_name_a_page_names_exists():
     assert not missing, "\n".join(missing)
 
 
+# Dotted names of the package in inline code (`policy.checkpointing.OrbitInterval`,
+# `orbit_dagster.storage.s3.S3Store`, `ledger.queries.sql(...)`, `control/dispatch.checkpoint_plan`): the module exists and defines
+# the name (a def, a class or an assignment in it; a method or attribute after a class is
+# looked for in the same file). Read as text: importing would load Dagster.
+SUBPACKAGES = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+# Three parts at least without the package's name: `ledger.sqlite` is a file, `resources.gpu` a field.
+DOTTED = re.compile(rf"^(?:orbit_dagster\.((?:{'|'.join(SUBPACKAGES)})(?:\.\w+)+)|((?:{'|'.join(SUBPACKAGES)})"
+                    rf"(?:\.\w+){{2,}}))(?:\(.*\))?$")
+
+
+FILE_SUFFIX = re.compile(r"\.(?:py|md|json|ya?ml|csv|gz|tsv|txt|toml|sh|sqlite|duckdb|pt|png|log|lock|sock)\b")
+
+
+def resolve_dotted(name: str) -> str | None:
+    """Why a dotted name does not resolve, or None."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        base = PACKAGE.joinpath(*parts[:cut])
+        module = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if module.is_file():
+            break
+    else:
+        return f"no module for {name}"
+    text = module.read_text(encoding="utf-8")
+    for attr in parts[cut:]:
+        if not re.search(rf"^\s*(?:async def|def|class) {attr}\b|^\s*{attr}\s*[:=]|\bimport\b.*\b{attr}\b|"
+                         rf"^\s*self\.{attr}\s*[:=]|\b{attr}\s*=", text, re.MULTILINE):
+            return f"{module.relative_to(REPO)} defines no {attr!r}"
+    return None
+
+
+def test_every_dotted_name_of_the_package_a_page_names_exists():
+    found = [(s, m.group(1) or m.group(2)) for s in all_snippets() if s.where == "inline"
+             and (m := DOTTED.match(s.text if FILE_SUFFIX.search(s.text) else s.text.replace("/", ".")))]
+    assert len(found) >= 15, found
+    bad = sorted({f"{s}: {why}" for s, name in found if (why := resolve_dotted(name))})
+    assert not bad, "\n".join(bad)
+
+
+def python_imports() -> list[tuple[str, str]]:
+    """`from orbit_dagster.x import a, b` in the pages' Python blocks, as dotted names."""
+    found = []
+    for page, text in page_texts():
+        for block in re.findall(r"^```python\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+            for module, names in re.findall(r"^from orbit_dagster\.([\w.]+) import ([\w, ]+)$", block, re.MULTILINE):
+                found += [(page, f"{module}.{n.strip()}") for n in names.split(",") if n.strip()]
+    return found
+
+
+def test_every_import_in_a_python_block_exists():
+    found = python_imports()
+    assert len(found) >= 5, found
+    bad = sorted({f"{page}: {name}: {why}" for page, name in found if (why := resolve_dotted(name))})
+    assert not bad, "\n".join(bad)
+
+
 # Test names: a page that names a test (`test_...`, or `tests/...py::test_...`) names one the
 # suite has: a test function, or a test module. A name ending in `_` is a prefix (`test_defect_2_*`).
 TEST_NAME = re.compile(r"(?<![\w/.-])(test_[a-z0-9_]*[a-z0-9])\b(?!\.py)")
