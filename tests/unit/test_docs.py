@@ -374,6 +374,30 @@ def test_every_import_in_a_python_block_exists():
     assert not bad, "\n".join(bad)
 
 
+# Checkpoint names as the pages write them (`<job>/step-<9 digits>-a<attempt>/` in a store, the
+# ledger's key `<job>/a<attempt>/<step>`, a partition `a<attempt>/<step>`): each one, filled in,
+# is what the code makes.
+STORE_NAME = re.compile(r"step-<9 digits>[^\s`/)]*")
+LEDGER_KEY = re.compile(r"<job>/(?:a<attempt>/)?<step>")
+
+
+def test_checkpoint_names_in_the_pages_are_the_ones_the_code_makes():
+    from orbit_dagster.ledger.records import checkpoint_key
+    from orbit_dagster.storage.base import checkpoint_dir_name
+
+    def fill(text: str) -> str:
+        return text.replace("<9 digits>", f"{120:09d}").replace("<attempt>", "2").replace("<step>", "120") \
+            .replace("<job>", "J")
+
+    texts = page_texts()
+    names = [(page, m.group(0)) for page, text in texts for m in STORE_NAME.finditer(text)]
+    keys = [(page, m.group(0)) for page, text in texts for m in LEDGER_KEY.finditer(text)]
+    assert names and keys
+    wrong = [f"{page}: {n}" for page, n in names if fill(n) != checkpoint_dir_name(120, 2)]
+    wrong += [f"{page}: {k}" for page, k in keys if fill(k) != checkpoint_key("J", 2, 120)]
+    assert not wrong, "\n".join(wrong)
+
+
 # Test names: a page that names a test (`test_...`, or `tests/...py::test_...`) names one the
 # suite has: a test function, or a test module. A name ending in `_` is a prefix (`test_defect_2_*`).
 TEST_NAME = re.compile(r"(?<![\w/.-])(test_[a-z0-9_]*[a-z0-9])\b(?!\.py)")
@@ -483,6 +507,27 @@ def test_every_recorded_section_names_the_command_that_writes_it():
         if not any(script in owners for script, _ in bench_commands(body)):
             unnamed.append(f"{tag} (written by {', '.join(sorted(owners))})")
     assert not unnamed, "sections that do not name their command:\n" + "\n".join(unnamed)
+
+
+def test_each_script_writes_a_command_that_rewrites_its_section_again():
+    """What a script writes into its section names `--record docs/benchmarks.md` (through
+    recording.recorded_command, or literally), so a re-run keeps the page true."""
+    writers = sorted(p.stem for p in (REPO / "bench").glob("*.py") if record_flag(p.stem))
+    assert len(writers) >= 10, writers
+    ways = ("recorded_command(", "--record docs/benchmarks.md", '.replace(str(args.record), "docs/benchmarks.md")')
+    silent = [w for w in writers if not any(way in (REPO / "bench" / f"{w}.py").read_text(encoding="utf-8") for way in ways)]
+    assert not silent, silent
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        from recording import recorded_command
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    assert recorded_command("sizing", ["--jobs", "20", "--record", "/tmp/x.md"]) == \
+        "python bench/sizing.py --jobs 20 --record docs/benchmarks.md"
+    assert recorded_command("sensor_tick", ["--record=/tmp/x.md", "--quick"]) == \
+        "python bench/sensor_tick.py --record docs/benchmarks.md --quick"
 
 
 def test_a_bench_command_without_record_is_caught():
