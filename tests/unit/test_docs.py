@@ -1,7 +1,7 @@
 """The documentation stays true of the code in what a test can check without running anything:
 
 - every `orbit ...` command line in README.md and docs/*.md (shell code blocks, `$ ` lines of
-  plain blocks, inline code) parses against the real click CLI: no unknown command, no unknown
+  plain blocks, systemd units' `ExecStart=`, inline code) parses against the real click CLI: no unknown command, no unknown
   option, no option without its value, no extra argument, no value a choice or a type refuses
   (placeholders such as JOB, EXP, FILE, N stand for any value);
 - every module path a page names exists, and every test it names is in the suite;
@@ -48,7 +48,8 @@ FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)")
 
 
 def snippets(path: Path) -> list[Snippet]:
-    """Shell lines of fenced blocks and inline code spans (which may wrap a line) of one page."""
+    """Shell lines of fenced blocks (and `ExecStart=` of units) and inline code spans (which
+    may wrap a line) of one page."""
     out: list[Snippet] = []
     name = str(path.relative_to(REPO))
     lines = path.read_text(encoding="utf-8").splitlines()
@@ -73,6 +74,8 @@ def snippets(path: Path) -> list[Snippet]:
                 pending = ""
             elif lang == "" and text.startswith("$ "):
                 out.append(Snippet(name, no, text[2:], "prompt"))
+            elif lang == "ini" and text.startswith("ExecStart="):  # a systemd unit's command
+                out.append(Snippet(name, no, text.removeprefix("ExecStart="), "block"))
             continue
         prose.append((no, line))
     # Inline code spans: joined over line breaks, as Markdown renders them.
