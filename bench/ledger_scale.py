@@ -305,8 +305,9 @@ def main() -> None:
     p.add_argument("--no-mlflow", action="store_true", help="skip the MLflow baseline")
     p.add_argument("--record", type=Path, default=None, help="rewrite the ledger-scale section of this file")
     args = p.parse_args()
-    args.command = "python bench/ledger_scale.py" + (" --quick" if args.quick else "") + (
-        f" --rounds {args.rounds}" if args.rounds != 3 else "")
+    from recording import recorded_command
+
+    args.command = recorded_command("ledger_scale", sys.argv[1:])
     text, ok = run(args)
     print(text)
     if args.record:

@@ -211,7 +211,10 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.writers, args.events = 4, 300
-    args.command = "python bench/ledger_writes.py" + (" --quick" if args.quick else "")
+    sys.path.insert(0, str(REPO / "bench"))
+    from recording import recorded_command
+
+    args.command = recorded_command("ledger_writes", sys.argv[1:])
     results = []
     for v in args.variants.split(","):
         r = run_variant(v, args.writers, args.events, args.batch if v == "batched" else 1, args.readers)
@@ -220,7 +223,6 @@ def main() -> None:
     text = report(results, args)
     print(text)
     if args.record:
-        sys.path.insert(0, str(REPO / "bench"))
         from ledger_scale import record
 
         record(args.record, text, "ledger-writes", "Ledger writes under concurrency (bench/ledger_writes.py)")

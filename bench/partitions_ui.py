@@ -195,11 +195,13 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.keys, args.per_key, args.repeats = 2000, 50, 1
-    args.command = "python bench/partitions_ui.py" + (" --quick" if args.quick else "")
+    sys.path.insert(0, str(REPO / "bench"))
+    from recording import recorded_command
+
+    args.command = recorded_command("partitions_ui", sys.argv[1:])
     text = run(args)
     print(text)
     if args.record:
-        sys.path.insert(0, str(REPO / "bench"))
         from ledger_scale import record
 
         record(args.record, text, "partitions-ui", "100,000 dynamic partitions and the UI (bench/partitions_ui.py)")

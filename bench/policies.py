@@ -1,6 +1,6 @@
-"""Checkpoint and deadline policies side by side on the evaluation traces; writes docs/benchmarks.md.
+"""Checkpoint and deadline policies side by side on the evaluation traces; `--record` rewrites their section.
 
-    python bench/policies.py [SHARED_DATA_DIR] [--quick] [--starts N] [--no-write] [--json FILE]
+    python bench/policies.py [SHARED_DATA_DIR] [--quick] [--starts N] [--record docs/benchmarks.md] [--json FILE]
 
 SHARED_DATA_DIR defaults to ../shared/data beside the repository. Only the **evaluation**
 traces are replayed: every trace outside the leave-out split's training set
@@ -175,7 +175,9 @@ def run(data_dir: Path, starts: int, quick: bool, log=print) -> tuple[str, dict]
     seconds = time.time() - t0
     grid_mean = {p: statistics.fmean(c["mean"][p] for c in cells) for p in BASELINES + ("orbit",)}
     dl_rows = [_by(r["results"]) for r in dl]
-    cmd = "python bench/policies.py" + (" --quick" if quick else "") + ("" if quick or starts == 8 else f" --starts {starts}")
+    # The section's command: a --quick run is never recorded, a full one only with --record.
+    cmd = "python bench/policies.py" + (" --quick" if quick else (
+        ("" if starts == 8 else f" --starts {starts}") + " --record docs/benchmarks.md"))
     lines = [
         f"Command: `{cmd}` (run {dt.date.today().isoformat()}, {seconds:.0f} s on 2 cores shared with other work). "
         f"Leave-out split `{SPLIT_NAME}`: the shipped reclaim model is fitted on {len(model.fitted_from)} training "
@@ -221,8 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("data_dir", nargs="?", type=Path, default=REPO.parent / "shared" / "data")
     ap.add_argument("--starts", type=int, default=None, help="jobs per trace, evenly spaced (default 8; --quick 3)")
-    ap.add_argument("--quick", action="store_true", help="3 jobs per trace; prints only (never writes the doc)")
-    ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    ap.add_argument("--quick", action="store_true", help="3 jobs per trace; prints only (never recorded)")
+    ap.add_argument("--record", type=Path, default=None,
+                    help="markdown file whose policies section is rewritten (docs/benchmarks.md); without it, print only")
     ap.add_argument("--json", type=Path, default=None, help="also write every figure as JSON here")
     args = ap.parse_args(argv)
     if not (args.data_dir / "traces").is_dir():
@@ -233,8 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1, default=str))
-    if not (args.no_write or args.quick):
-        write_section(REPO / "docs" / "benchmarks.md", body)
+    if args.record and args.quick:
+        print("policies: --record is for a full run; a --quick run only prints", file=sys.stderr)
+    elif args.record:
+        write_section(args.record, body)
     return 0
 
 

@@ -13,3 +13,20 @@ def replace_section(path: Path, begin: str, end: str, section: str) -> None:
     else:
         head, tail = text.rstrip("\n") + "\n\n", "\n"
     path.write_text(head + begin + section + end + tail, encoding="utf-8")
+
+
+RECORDED_IN = "docs/benchmarks.md"
+
+
+def recorded_command(script: str, argv: list[str]) -> str:
+    """The command a recorded section names: this run's own arguments, with the file given to
+    `--record` written as docs/benchmarks.md, so that running it again rewrites that section."""
+    out, it = [], iter(argv)
+    for arg in it:
+        if arg == "--record":
+            next(it, None)
+            arg = f"--record {RECORDED_IN}"
+        elif arg.startswith("--record="):
+            arg = f"--record {RECORDED_IN}"
+        out.append(arg)
+    return " ".join([f"python bench/{script}.py", *out])

@@ -29,6 +29,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from recording import recorded_command  # noqa: E402
 
 from orbit_dagster.control.attempt import run_attempt  # noqa: E402
 from orbit_dagster.control.providers import provider_for  # noqa: E402
@@ -165,8 +167,7 @@ def main() -> None:
     ]
     lines = [f"Measured {date.today().isoformat()} on {platform.processor() or platform.machine()} "
              f"({os.cpu_count()} cores), median of {args.repeat} (min-max); overhead = median of per-repeat ratios. "
-             f"Command: `python bench/recovery.py "
-             f"--repeat {args.repeat}`.", "",
+             f"Command: `{recorded_command('recovery', sys.argv[1:])}`.", "",
              "| figure | median | min | max | overhead vs no checkpoints |", "|---|---|---|---|---|"]
     for name, values in rows:
         lines.append(f"| {name} | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} | |")

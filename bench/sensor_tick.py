@@ -248,11 +248,13 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.jobs, args.hosts, args.ticks = 50, 4, 2
-    args.command = "python bench/sensor_tick.py" + (" --quick" if args.quick else "")
+    sys.path.insert(0, str(REPO / "bench"))
+    from recording import recorded_command
+
+    args.command = recorded_command("sensor_tick", sys.argv[1:])
     text = run(args)
     print(text)
     if args.record:
-        sys.path.insert(0, str(REPO / "bench"))
         from ledger_scale import record
 
         record(args.record, text, "sensor-tick", "Sensor ticks with 1,000 active jobs (bench/sensor_tick.py)")

@@ -28,6 +28,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+from recording import recorded_command  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -211,7 +213,7 @@ def render(rows, memory, args, seconds: float) -> str:
         "<!-- sizing:begin -->",
         "## Control-plane sizing (bench/sizing.py)",
         "",
-        f"Command: `python bench/sizing.py --jobs {args.jobs} --follow {args.follow}` (run {date.today()}, "
+        f"Command: `{recorded_command('sizing', sys.argv[1:])}` (run {date.today()}, "
         f"{seconds:.0f} s, {platform.machine()} with {os.cpu_count()} cores shared with other work; PostgreSQL "
         "15 throwaway cluster on loopback). Sensor time is orbit's evaluation of one tick against the "
         "profile's real Dagster instance and ledger, median of 3; the daemon then creates one run per request.",

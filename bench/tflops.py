@@ -66,7 +66,9 @@ def record(path: Path, result: dict, spec: float | None) -> None:
     section = ("\n## Effective TFLOPS (bench/tflops.py)\n\n"
                "Square matmul, 2*n^3 FLOP per product, after warm-up; BF16 on GPUs, FP32 on CPUs. "
                "Spec = dense BF16 from the Epoch AI hardware data; CPUs have none. With `--repeat N` the row "
-               "is the best of N runs (other work on a shared machine only slows a run down).\n\n"
+               "is the best of N runs (other work on a shared machine only slows a run down). Command: "
+               "`python bench/tflops.py --record docs/benchmarks.md`, one row per device (a re-run on a device "
+               "replaces its row; on a GPU host add `--device cuda --repeat 5`).\n\n"
                f"{HEADER}\n" + "\n".join(rows) + "\n")
     path.write_text(head + BEGIN + section + END + tail, encoding="utf-8")
 
