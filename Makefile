@@ -41,7 +41,7 @@ test: install system-deps lint
 # Everything, the opt-in tests too (`slow`: a run worker killed under the team profile, a few
 # long duplicates of covered paths): tens of minutes.
 test-all: install system-deps lint
-	HYPOTHESIS_PROFILE=random PYTHON=$(BIN)/python scripts/test.sh -m ''
+	HYPOTHESIS_PROFILE=random ORBIT_SCALE_JOBS=20 PYTHON=$(BIN)/python scripts/test.sh -m ''
 
 test-fast: install
 	$(BIN)/python -m pytest -q tests/unit

@@ -1,5 +1,5 @@
-"""The `team` profile at scale: 20 concurrent jobs on the sim market through a PostgreSQL-backed
-Dagster instance with its daemon running (tests/postgres.py starts the server), trainings
+"""The `team` profile at scale: 12 concurrent jobs (`make test`; 20 in `make test-all`, set by
+ORBIT_SCALE_JOBS) on the sim market through a PostgreSQL-backed Dagster instance with its daemon running (tests/postgres.py starts the server), trainings
 handed off to the daemon (the team default, control/handoff.py).
 
 Checked from both records, Dagster's runs and the ledger: every job finishes and every
@@ -11,6 +11,7 @@ ledger and Dagster agree on every attempt; and trainings held a run for only par
 time. Figures (wall time, sensor tick durations, the most at once, run time held per
 training) are printed for docs/deploy.md.
 """
+import os
 import statistics
 import time
 from collections import Counter, defaultdict
@@ -31,7 +32,9 @@ from tests.helpers import wait_for
 from tests.postgres import postgres, team_profile  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
-JOBS = 20
+# Twice the pool and more: the limits are reached and jobs wait for them. 20 jobs double the
+# suite's longest lane on a 2-core machine, so `make test` runs 12 and `make test-all` 20.
+JOBS = int(os.environ.get("ORBIT_SCALE_JOBS") or 12)
 RECLAIMS = 3
 POOL_LIMIT, TRAIN_LIMIT = 6, 5  # ORBIT_POOLS sim=6: trainings leave one instance to evaluations
 # Short jobs: one durable checkpoint at the end (plus an emergency one when reclaimed), so
@@ -126,7 +129,7 @@ def test_twenty_jobs_on_postgres_with_the_daemon(team_profile, orbit_home, monke
     train_hosts_peak = most_at_once([(a, b) for a, b, purpose in hosts if purpose == "train"])
     assert hosts_peak <= POOL_LIMIT and train_hosts_peak <= TRAIN_LIMIT
     # Trainings held at once, as the queue sensor counts them (an attempt from the request of
-    # its launching run until it ended) reached the train limit, so 20 jobs did wait for it,
+    # its launching run until it ended) reached the train limit, so the jobs did wait for it,
     # and never went past it.
     requested = {}
     for r in runs:
