@@ -32,6 +32,8 @@ __all__ = ["LOCATION", "SOCKET_NAME", "UNIX_PATH_MAX", "CodeServerAddress", "soc
            "PrivateDir", "default_socket"]
 
 LOCATION = "orbit_dagster.definitions"  # the same name CodeServerAddress.workspace_yaml writes
+
+
 def server_argv(address: CodeServerAddress) -> list[str]:
     """`dagster api grpc` serving orbit's definitions at `address`, without a heartbeat."""
     dagster = str(Path(sys.executable).with_name("dagster"))

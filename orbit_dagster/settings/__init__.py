@@ -95,7 +95,10 @@ class Settings:
     def from_env(cls, home: str | Path | None = None, *, env: Mapping[str, str] | None = None) -> "Settings":
         """The settings of this process's environment (or of `env`, a whole environment)."""
         snapshot = dict(env) if env is not None else environment()
-        env = Env(snapshot)
+        return cls._parse(home, snapshot, Env(snapshot))
+
+    @classmethod
+    def _parse(cls, home: str | Path | None, snapshot: dict[str, str], env: Env) -> "Settings":
         root = Path(home or env.get("ORBIT_HOME") or ".orbit").expanduser().resolve()
         profile = Profile.parse(env.get("ORBIT_PROFILE"), env.get("ORBIT_POOLS"), env.get("ORBIT_POSTGRES_URL"))
         code_server, workspace = env.get("ORBIT_CODE_SERVER"), env.get("ORBIT_WORKSPACE")
@@ -208,7 +211,7 @@ class Settings:
         """The checkpoint store at `root_uri`, with these settings' S3 tuning and client choice."""
         from ..storage import open_store
 
-        return open_store(root_uri, env=self.env) if root_uri.startswith("s3://") else open_store(root_uri)
+        return open_store(root_uri, env=self.env)
 
     def sql_limits(self, *, timeout_s: float | None = None, memory: str | None = None) -> SqlLimits:
         """The SQL face's limits (ORBIT_SQL_*); `timeout_s`/`memory` (a flag, an argument) win."""

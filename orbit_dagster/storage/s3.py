@@ -14,7 +14,7 @@ first client is made. Endpoint, region and credentials come from boto3's standar
 here reads a secret. Tuning: `ORBIT_S3_MULTIPART_THRESHOLD` and `ORBIT_S3_PART_SIZE`
 (bytes), in the `env` a store is opened with: the control plane's settings snapshot
 (`Settings.open_store`), or the host's environment (the agent), so a launch can set them.
-The same `env` keys the shared boto3 client; without one each store makes its own.
+The same `env` keys the shared boto3 client (without one, the process's first client serves).
 """
 from __future__ import annotations
 
@@ -103,11 +103,10 @@ def _new_client() -> Any:
 
 def default_client(env: Mapping[str, str] | None = None) -> Any:
     """One boto3 S3 client per process and endpoint/profile/region setting of `env` (clients
-    are thread-safe); boto3 reads the process environment itself, so without `env` (which
-    says what that holds) a new client is made."""
-    if env is None:
-        return _new_client()
-    key = (os.getpid(), *(env.get(k) for k in _CLIENT_ENV))
+    are thread-safe, and making one takes a second on a busy machine). boto3 reads those
+    settings from the process environment itself; `env` says what it holds (the settings'
+    snapshot, the host's environment), and without one the process shares one client."""
+    key = (os.getpid(), *((env.get(k) for k in _CLIENT_ENV) if env is not None else ("process",)))
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
