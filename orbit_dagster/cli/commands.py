@@ -293,12 +293,11 @@ def sql(query: str, as_json: bool, timeout_s: float | None) -> None:
 
     Bounded: a timeout, ORBIT_SQL_MEMORY (default 1GiB), a spill of ORBIT_SQL_TEMP_SIZE (4GiB)
     in the ledger's tmp/, a query of ORBIT_SQL_MAX_QUERY_CHARS (65536)."""
-    from ..ledger.limits import SqlLimits
     from ..ledger.queries import sql as run_sql
 
-    limits = SqlLimits.from_env(timeout_s=timeout_s)  # a bad setting is refused before the ledger opens
-    _print_df(run_sql(_settings().ledger(), query, timeout_s=limits.timeout_s if timeout_s is not None else None),
-              as_json)
+    settings = _settings()
+    limits = settings.sql_limits(timeout_s=timeout_s)  # a bad setting is refused before the ledger opens
+    _print_df(run_sql(settings.ledger(), query, limits=limits), as_json)
 
 
 @cli.command()
@@ -351,7 +350,7 @@ def templates() -> None:
     """List the shipped and user templates."""
     from ..core.templates import list_templates
 
-    for name in list_templates():
+    for name in list_templates(_settings().template_dirs):
         click.echo(name)
 
 
@@ -447,11 +446,12 @@ def profile(show_config: bool, as_json: bool) -> None:
     Creates what is missing (the Dagster home, dagster.yaml, the team's databases); never
     rewrites an existing dagster.yaml."""
     from ..deploy.instance import profile as active_profile
+    from ..deploy.profiles import render_dagster_yaml
     from ..deploy.report import describe, format_report
 
     settings = _settings()
     if show_config:
-        click.echo(active_profile(settings).dagster_yaml(), nl=False)
+        click.echo(render_dagster_yaml(active_profile(settings)), nl=False)
         return
     report = describe(settings)
     click.echo(json.dumps(report, sort_keys=True) if as_json else format_report(report))

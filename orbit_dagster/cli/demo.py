@@ -12,7 +12,6 @@ uninterrupted run of the same bundle.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..settings import Settings
+from ..settings import Settings, environment
 from ..control.submit import submit
 from ..core.bundle import JobBundle
 from ..core.errors import OrbitError
@@ -81,8 +80,7 @@ def run_demo(settings: Settings, *, overrides: dict | None = None, experiment: s
     ensure_dagster_home(settings)
     experiment = experiment or f"demo-{uuid.uuid4().hex[:6]}"
     # The market reclaims only where the demo says (for the daemon started here).
-    os.environ["ORBIT_SIM_RECLAIMS"] = "none"
-    settings = Settings.from_env(settings.home)
+    settings = settings.with_env(ORBIT_SIM_RECLAIMS="none")
     # A daemon already running for this instance is used (saying so); otherwise one is started.
     daemon = Daemon(settings).start()
     scenario, reference = None, None
@@ -112,7 +110,7 @@ def run_demo(settings: Settings, *, overrides: dict | None = None, experiment: s
     finally:
         daemon.stop()  # only the one started here
         if scenario is not None:  # back to a real-time market for whatever runs next here
-            old = ensure_market(settings.sim_dir, trace_dir=settings.sim_traces, scale=1.0, notice_s=NOTICE_S)
+            old = ensure_market(settings.sim_dir, trace_dir=settings.sim.traces, scale=1.0, notice_s=NOTICE_S)
             write_market(settings.sim_dir, MarketConfig(time.time(), old.trace_offset_s, 1.0, NOTICE_S, old.traces))
     result = summary(settings, job_id, experiment)
     settings.ledger().query("SELECT count(*) AS jobs FROM jobs")  # the SQL face's first use writes ledger.duckdb
@@ -155,7 +153,7 @@ class Reclaims:
 
 def ensure_market_for_demo(settings: Settings) -> MarketConfig:
     """The market clock restarted now at the demo's speed (prices replay 60 times faster)."""
-    old = ensure_market(settings.sim_dir, trace_dir=settings.sim_traces, scale=SCALE, notice_s=NOTICE_S)
+    old = ensure_market(settings.sim_dir, trace_dir=settings.sim.traces, scale=SCALE, notice_s=NOTICE_S)
     return write_market(settings.sim_dir, MarketConfig(time.time(), old.trace_offset_s, SCALE, NOTICE_S, old.traces))
 
 
@@ -176,7 +174,7 @@ class ReferenceRun:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "ReferenceRun":
-        env = {**os.environ, "PYTHONPATH": str(self.bundle / "runtime"), "OMP_NUM_THREADS": "1"}
+        env = {**environment(), "PYTHONPATH": str(self.bundle / "runtime"), "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen([sys.executable, "-m", "orbit_dagster.runtime.agent", str(self.bundle),
                                       "--workdir", self.tmp.name, "--store", (Path(self.tmp.name) / "store").as_uri()],
                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -55,7 +55,9 @@ _FIXES = {
 
 
 def orbit_home() -> Path:
-    return Path(os.environ.get("ORBIT_HOME") or ".orbit").expanduser()
+    from ..settings import home_dir
+
+    return home_dir()
 
 
 def describe_failure(exc: BaseException, argv: list[str]) -> tuple[str, int]:

@@ -10,7 +10,6 @@ given back by `reconcile_evaluations`, so an evaluation is never lost nor run tw
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -30,10 +29,6 @@ from ..settings import Settings
 
 MAX_EVAL_TRIES = 3  # hosts tried within one run (an evaluation reclaimed mid-way starts again elsewhere)
 MAX_EVAL_RUNS = 3  # runs per (checkpoint, suite) before it is FAILED for good
-
-
-def eval_timeout_s() -> float:
-    return float(os.environ.get("ORBIT_EVAL_TIMEOUT_S", 1800))
 
 
 @dataclass
@@ -187,7 +182,7 @@ def _run_on_instances(settings: Settings, ledger: Ledger, bundle: JobBundle, c: 
                               env=dict(bundle.spec.execution_request.env),
                               secret_env=tuple(bundle.spec.execution_request.secret_env))
             handle = provider.launch(instance, bundle.path, spec)
-            status, metrics = _follow(provider, handle, poll_s=poll_s, timeout_s=eval_timeout_s())
+            status, metrics = _follow(provider, handle, poll_s=poll_s, timeout_s=settings.eval_timeout_s)
             if status.state == "exited" and status.exit_code == 0:
                 metrics, good = valid_metrics(metrics), True
         finally:
@@ -264,7 +259,7 @@ def stale_evaluations(settings: Settings, run_alive: Callable[[str | None], bool
     out = []
     for row in settings.ledger().rows("""SELECT e.checkpoint_key, e.suite, e.job_id, e.tries, e.dagster_run_id,
                                                 e.started_at FROM evaluations e WHERE e.state = 'RUNNING'"""):
-        late = row["started_at"] is not None and now - float(row["started_at"]) > eval_timeout_s() + 60
+        late = row["started_at"] is not None and now - float(row["started_at"]) > settings.eval_timeout_s + 60
         if late or not run_alive(row["dagster_run_id"]):
             out.append({**row, "why": "timed out" if late else "its run ended without finishing it"})
     return out

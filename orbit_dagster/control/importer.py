@@ -44,7 +44,6 @@ from ..core.templates import installed_template
 from ..core.lifecycle import JobState
 from ..ledger import utcnow
 from ..ledger import records as R
-from ..storage import open_store
 from ..storage.base import MANIFEST, CheckpointManifest, StoreError, check_rel, checkpoint_dir_name, sha256_bytes
 from ..settings import Settings
 from .submit import ensure_experiment
@@ -220,12 +219,12 @@ def _meta(directory: Path) -> dict:
     return meta
 
 
-def _template_of(meta: dict) -> tuple[str | None, str | None]:
+def _template_of(settings: Settings, meta: dict) -> tuple[str | None, str | None]:
     """(the installed template run.json names, or None; a note when it names one that is not)."""
     ref = meta.get("template")
     if not ref:
         return None, None
-    if installed_template(ref):
+    if installed_template(ref, settings.template_dirs):
         return ref, None
     return None, (f"run.json names template {show(ref)}, which is not an installed template (shipped, ORBIT_TEMPLATES "
                   "or $ORBIT_HOME/templates): a template is code and is not taken from the imported directory, so the "
@@ -255,7 +254,7 @@ def import_run(settings: Settings, directory: Path, *, experiment: str | None = 
     template, sub = None, None
     from .validate import validate_submission
 
-    name_of_template, note = _template_of(meta)
+    name_of_template, note = _template_of(settings, meta)
     if name_of_template is not None:
         overrides = meta.get("overrides") or {}
         if not isinstance(overrides, dict):
@@ -269,7 +268,7 @@ def import_run(settings: Settings, directory: Path, *, experiment: str | None = 
     if R.job(ledger, job_id) is not None:
         raise _refuse(f"{directory} was already imported as {job_id}", field="DIR", value=str(directory),
                       fix=f"see it with `orbit status {job_id}`")
-    store = open_store(settings.store_uri)
+    store = settings.open_store(settings.store_uri)
     written: list[str] = []
     lineage = f"L1-import-{digest}"
     try:

@@ -22,7 +22,6 @@ sound but disagrees with the disk, 3 the ledger is unusable (`EXIT_*` below).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,7 +30,6 @@ from ..core.errors import OrbitError
 from ..ledger import Ledger, LedgerDamaged
 from ..ledger.errors import RECOVERY_DOC
 from ..ledger.identity import Verdict, inspect
-from ..storage import open_store
 from ..storage.base import CheckpointManifest, StoreError, check_name, parse_checkpoint_dir
 from ..settings import Settings
 
@@ -143,7 +141,7 @@ def disk_bundles(settings: Settings) -> list[DiskBundle]:
 def checkpoint_stores(settings: Settings) -> list[str]:
     """The store roots of this home: the filesystem store, and S3 when one is configured."""
     roots = [settings.store_uri]
-    if os.environ.get("ORBIT_S3_CHECKPOINT_STORE", "").startswith("s3://"):
+    if settings.s3_configured:
         roots.append(settings.store_uri_for("s3"))
     return roots
 
@@ -154,7 +152,7 @@ def disk_checkpoints(settings: Settings, job_ids: set[str]) -> tuple[list[DiskCh
     found: list[DiskCheckpoint] = []
     problems: list[Finding] = []
     for root in checkpoint_stores(settings):
-        store = open_store(root)
+        store = settings.open_store(root)
         jobs = set(job_ids)
         fs_root = getattr(store, "root", None)
         if isinstance(fs_root, Path) and fs_root.is_dir():
@@ -260,7 +258,7 @@ def _checkpoint_findings(settings: Settings, checkpoints: list[DiskCheckpoint], 
                                f"its files verify against a manifest other than the one registered (sha256 "
                                f"{c.manifest.digest[:12]}, the ledger recorded {str(row['sha256'])[:12]})"))
     on_disk = {c.uri for c in checkpoints}
-    roots = [open_store(r).root_uri for r in checkpoint_stores(settings)]
+    roots = [settings.open_store(r).root_uri for r in checkpoint_stores(settings)]
     for uri, row in registered.items():
         if row["deleted_at"] is None and _in_scope(uri, roots) and uri not in on_disk:
             out.append(Finding("checkpoint_missing", row["checkpoint_key"], f"its files at {uri} are gone"))

@@ -26,7 +26,7 @@ def _ssh(settings: Settings) -> Provider:
 
 def _aws(settings: Settings, session: Any = None) -> Provider:
     # Credentials: boto3's standard chain only (environment, profile, instance role); none
-    # are read, stored or logged here. Everything else comes from ORBIT_AWS_* (settings.py).
+    # are read, stored or logged here. Everything else comes from ORBIT_AWS_* (settings.aws).
     from ..catalog.aws import parse_spot_price_history
     from ..providers.aws.provider import AwsSpotProvider
 
@@ -35,14 +35,14 @@ def _aws(settings: Settings, session: Any = None) -> Provider:
     # $ORBIT_HOME/aws_spot_prices.tsv, e.g. where the history API is not reachable.
     prices_file = settings.home / "aws_spot_prices.tsv"
     prices = parse_spot_price_history(prices_file) if prices_file.is_file() else []
-    s = settings
-    return AwsSpotProvider(region=s.aws_region, endpoint_url=s.aws_endpoint_url, state_dir=s.home / "aws",
-                           image_id=s.aws_image_id, static_spot_prices=prices, ssh_cidrs=s.aws_ssh_cidrs,
-                           security_group_ids=s.aws_security_group_ids, subnet_id=s.aws_subnet_id,
-                           key_name=s.aws_key_name, instance_profile=s.aws_instance_profile, ssh_user=s.aws_ssh_user,
-                           address=s.aws_address, ssh_endpoint=s.aws_ssh_endpoint, python=s.aws_python,
-                           workdir=s.aws_workdir, metadata_url=s.aws_metadata_url,
-                           boot_timeout_s=s.aws_boot_timeout_s, terminate_grace_s=s.aws_terminate_grace_s,
+    a = settings.aws
+    return AwsSpotProvider(region=a.region, endpoint_url=a.endpoint_url, state_dir=settings.home / "aws",
+                           image_id=a.image_id, static_spot_prices=prices, ssh_cidrs=a.ssh_cidrs,
+                           security_group_ids=a.security_group_ids, subnet_id=a.subnet_id,
+                           key_name=a.key_name, instance_profile=a.instance_profile, ssh_user=a.ssh_user,
+                           address=a.address, ssh_endpoint=a.ssh_endpoint, python=a.python,
+                           workdir=a.workdir, metadata_url=a.metadata_url,
+                           boot_timeout_s=a.boot_timeout_s, terminate_grace_s=a.terminate_grace_s,
                            session=session)
 
 

@@ -12,7 +12,6 @@ bundle, no provider state.
 from __future__ import annotations
 
 import difflib
-import os
 import re
 from typing import Any, get_args
 
@@ -38,7 +37,7 @@ def validate_submission(settings: Settings, template_name: str, overrides: dict[
     check_name("experiment", experiment)
     check_name("project", project)
     overrides = dict(check_overrides(overrides if overrides is not None else {}))
-    template = apply_overrides(load_template(template_name), overrides)
+    template = apply_overrides(load_template(template_name, settings.template_dirs), overrides)
     check_serviceable(settings, template, overrides)
     submission = TaskSubmission(template=template_name, overrides=overrides, experiment=experiment, project=project)
     return template, submission
@@ -57,7 +56,7 @@ def validate_retry(settings: Settings, snapshot_template: TaskTemplate, override
 def check_serviceable(settings: Settings, template: TaskTemplate, overrides: dict[str, Any]) -> None:
     _check_backend(template, overrides)
     _check_gpu(settings, template, overrides)
-    _check_store(template, overrides)
+    _check_store(settings, template, overrides)
     if template.launch_mode == "docker_image" and not template.image:
         raise _error(overrides, "launch_mode", template.launch_mode,
                      "launch_mode docker_image needs an image, and the template names none",
@@ -111,19 +110,18 @@ def _check_gpu(settings: Settings, template: TaskTemplate, overrides: dict) -> N
     raise _error(overrides, field, gpu, "not a GPU model of the catalog", fix)
 
 
-def _check_store(template: TaskTemplate, overrides: dict) -> None:
+def _check_store(settings: Settings, template: TaskTemplate, overrides: dict) -> None:
     if template.checkpoint.store != "s3":
         return
-    uri = os.environ.get("ORBIT_S3_CHECKPOINT_STORE", "")
-    if not uri.startswith("s3://") or len(uri) <= len("s3://"):
+    if not settings.s3_configured:  # the settings read ORBIT_S3_CHECKPOINT_STORE, once
         raise _error(overrides, "checkpoint.store", "s3", "no S3 checkpoint store is configured",
                      "set ORBIT_S3_CHECKPOINT_STORE=s3://BUCKET/PREFIX (credentials: AWS's standard chain), "
                      "or use checkpoint.store=fs")
 
 
 def _check_aws(settings: Settings, overrides: dict) -> None:
-    if not re.fullmatch(AWS_REGION, settings.aws_region or ""):
-        raise _error(overrides, "placement", "aws_spot", f"AWS region {show(settings.aws_region)} is not a region name",
+    if not re.fullmatch(AWS_REGION, settings.aws.region or ""):
+        raise _error(overrides, "placement", "aws_spot", f"AWS region {show(settings.aws.region)} is not a region name",
                      "set ORBIT_AWS_REGION (or AWS_REGION) to a region such as us-east-1")
     method = aws_credential_source()
     if method is None:

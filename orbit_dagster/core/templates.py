@@ -6,7 +6,7 @@ schema's defaults, so a template in hand always holds the complete, typed config
 
 A template is therefore code: loading it imports its workload's `config.py`. Templates are
 loaded only from the shipped set, the user's directory (`ORBIT_TEMPLATES`, else
-`$ORBIT_HOME/templates`) and a path a person gives (`orbit submit ./mine.yaml`); data from
+`$ORBIT_HOME/templates`: the settings' `template_dirs`, passed in) and a path a person gives (`orbit submit ./mine.yaml`); data from
 outside (an imported run's `run.json`) may only name an installed one (`installed_template`).
 Each file is size-checked before it is read, and its YAML expansion is bounded
 (`safe_yaml`: an alias bomb is refused, not expanded).
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import os
 import re
 from importlib import resources as importlib_resources
 from pathlib import Path
@@ -214,29 +213,15 @@ def _refuse_nul(raw: Any, *, context: str, error: type[OrbitError]) -> None:
                 stack.append((path, value))
 
 
-def user_template_dir() -> Path | None:
-    """`$ORBIT_TEMPLATES` if set, else `$ORBIT_HOME/templates` (the home's default is
-    `./.orbit`, as everywhere) if it exists."""
-    explicit = os.environ.get("ORBIT_TEMPLATES")
-    if explicit:
-        return Path(explicit)
-    home = Path(os.environ.get("ORBIT_HOME") or ".orbit").expanduser()
-    if (home / "templates").is_dir():
-        return home / "templates"
-    return None
-
-
 def _template_files(extra_dirs: list[Path] | None = None) -> dict[str, Path | Any]:
     found: dict[str, Path | Any] = {}
     shipped = importlib_resources.files("orbit_dagster") / "templates"
     for entry in shipped.iterdir():
         if entry.name.endswith(".yaml"):
             found[entry.name[:-5]] = entry
-    dirs = list(extra_dirs or [])
-    udir = user_template_dir()
-    if udir:
-        dirs.append(udir)
-    for d in dirs:  # a user's template shadows a shipped one of the same name
+    # The search path is the caller's (the settings' `template_dirs`: ORBIT_TEMPLATES or
+    # $ORBIT_HOME/templates); core reads no settings of its own.
+    for d in extra_dirs or []:  # a user's template shadows a shipped one of the same name
         for path in sorted(Path(d).glob("*.yaml")):
             found[path.stem] = path
     return found
@@ -246,11 +231,12 @@ def list_templates(extra_dirs: list[Path] | None = None) -> list[str]:
     return sorted(_template_files(extra_dirs))
 
 
-def installed_template(ref: object) -> bool:
-    """Is `ref` the name of an installed template (shipped, `ORBIT_TEMPLATES` or
-    `$ORBIT_HOME/templates`)? A path never is: what names a template from outside data must
-    not bring a template (and its workload's code) of its own."""
-    return isinstance(ref, str) and re.fullmatch(TEMPLATE_NAME, ref) is not None and ref in _template_files()
+def installed_template(ref: object, extra_dirs: list[Path] | None = None) -> bool:
+    """Is `ref` the name of an installed template (shipped, or in `extra_dirs`: the settings'
+    `ORBIT_TEMPLATES` or `$ORBIT_HOME/templates`)? A path never is: what names a template from
+    outside data must not bring a template (and its workload's code) of its own."""
+    return (isinstance(ref, str) and re.fullmatch(TEMPLATE_NAME, ref) is not None
+            and ref in _template_files(extra_dirs))
 
 
 def _src(source: str) -> str:

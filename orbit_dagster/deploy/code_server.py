@@ -12,7 +12,8 @@ and hands the daemon and the webserver a workspace naming it as a `grpc_server` 
 same location name `orbit_dagster.definitions`, so sensor state and run history carry over.
 
 An operator may run it as a service of its own (`orbit code-server`, docs/deploy.md) and
-point daemon and UI at it with `ORBIT_CODE_SERVER` (`unix:/path` or `HOST:PORT`).
+point daemon and UI at it with `ORBIT_CODE_SERVER` (`unix:/path` or `HOST:PORT`; parsed by the
+settings into `settings.code_server`, a CodeServerAddress).
 `dagster api grpc` rather than `dagster code-server start`: the latter is a proxy that
 starts the real server as a child kept alive by heartbeats again; the cost is that the UI's
 "Reload definitions" does not reload code (restart the code server instead).
@@ -23,75 +24,14 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.errors import OrbitError
+from ..settings.deployment import SOCKET_NAME, UNIX_PATH_MAX, CodeServerAddress, socket_path_ok
 
-LOCATION = "orbit_dagster.definitions"
-ENV = "ORBIT_CODE_SERVER"
-SOCKET_NAME = "code-server.sock"
-UNIX_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
+__all__ = ["LOCATION", "SOCKET_NAME", "UNIX_PATH_MAX", "CodeServerAddress", "socket_path_ok", "server_argv", "answers",
+           "PrivateDir", "default_socket"]
 
-
-@dataclass(frozen=True)
-class CodeServerAddress:
-    """Where a code server listens: a unix socket, or a host and port."""
-
-    socket: str | None = None
-    host: str | None = None
-    port: int | None = None
-
-    @classmethod
-    def parse(cls, text: str, field: str = ENV) -> "CodeServerAddress":
-        fix = f"{field}=unix:/path/to/{SOCKET_NAME} or {field}=127.0.0.1:4000"
-        text = (text or "").strip()
-        if text.startswith("unix:") or text.startswith("/"):
-            path = text[5:] if text.startswith("unix:") else text
-            if not path.startswith("/"):
-                raise OrbitError(f"{field} names a socket by a relative path", field=field, value=text, fix=fix)
-            return cls(socket=socket_path_ok(path, field))
-        host, sep, port = text.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise OrbitError(f"{field} is neither a unix socket nor HOST:PORT", field=field, value=text, fix=fix)
-        return cls(host=host.strip("[]"), port=int(port))
-
-    def __str__(self) -> str:
-        return f"unix:{self.socket}" if self.socket else f"{self.host}:{self.port}"
-
-    @property
-    def grpc_target(self) -> str:
-        return str(self)
-
-    def server_options(self) -> list[str]:
-        return ["--socket", self.socket] if self.socket else ["--host", str(self.host), "--port", str(self.port)]
-
-    def workspace_yaml(self) -> str:
-        where = [f"      socket: {self.socket}"] if self.socket else [f"      host: {self.host}",
-                                                                     f"      port: {self.port}"]
-        return "\n".join([
-            "# Written by orbit: the code server this webserver or daemon uses (see docs/deploy.md).",
-            "# The location keeps the name `-m orbit_dagster.definitions` gave it, so sensor state and",
-            "# run history carry over.",
-            "load_from:",
-            "  - grpc_server:",
-            *where,
-            f"      location_name: {LOCATION}",
-        ]) + "\n"
-
-
-def socket_path_ok(path: str, field: str) -> str:
-    if len(path.encode()) > UNIX_PATH_MAX:
-        raise OrbitError(f"the socket path is {len(path.encode())} bytes, more than a unix socket's "
-                         f"{UNIX_PATH_MAX}", field=field, value=path,
-                         fix="choose a shorter path (e.g. under /run or /tmp), or HOST:PORT")
-    return path
-
-
-def configured() -> CodeServerAddress | None:
-    """The code server the operator runs (`ORBIT_CODE_SERVER`), or None: orbit starts its own."""
-    text = os.environ.get(ENV)
-    return CodeServerAddress.parse(text) if text else None
+LOCATION = "orbit_dagster.definitions"  # the same name CodeServerAddress.workspace_yaml writes
 
 
 def server_argv(address: CodeServerAddress) -> list[str]:
@@ -125,7 +65,7 @@ class PrivateDir:
     (and, if the supervisor was killed, by the next one: its name carries the owner's pid)."""
 
     def __init__(self) -> None:
-        base = os.environ.get("TMPDIR") or "/tmp"
+        base = tempfile.gettempdir()  # TMPDIR's, as Python resolves it
         if len(base) > 60 or not os.path.isdir(base):  # keep the socket's path well under 108 bytes
             base = "/tmp"
         sweep_stale(Path(base))

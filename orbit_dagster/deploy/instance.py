@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from ..settings import Settings
+from ..settings import Settings, environment as process_environment
 from .locks import DaemonLock, foreign_heartbeats, storage_initialised
-from .profiles import DEFAULT_POOLS, Profile
+from .profiles import DEFAULT_POOLS, Profile, render_dagster_yaml
 
 if TYPE_CHECKING:
     from dagster import DagsterInstance
@@ -37,12 +37,13 @@ def _ssh_gpus(settings: Settings) -> int | None:
 
 
 def profile(settings: Settings) -> Profile:
-    """The deployment profile the environment selects (ORBIT_PROFILE, ORBIT_POOLS, ORBIT_POSTGRES_URL)."""
+    """The deployment profile the settings hold (ORBIT_PROFILE, ORBIT_POOLS, ORBIT_POSTGRES_URL),
+    its SSH pool defaulting to the inventory's GPUs."""
     defaults = dict(DEFAULT_POOLS)
     gpus = _ssh_gpus(settings)
     if gpus:
         defaults["ssh_rental"] = gpus
-    return Profile.from_env(defaults)
+    return settings.profile.with_pool_defaults(defaults)
 
 
 def dagster_home(settings: Settings) -> Path:
@@ -65,33 +66,33 @@ def ensure_dagster_home(settings: Settings) -> Path:
     if not cfg.exists():
         # Written whole then renamed: two processes starting at once never see half a file.
         tmp = cfg.with_name(f".dagster.yaml.{os.getpid()}")
-        tmp.write_text(prof.dagster_yaml())
+        tmp.write_text(render_dagster_yaml(prof))
         os.replace(tmp, cfg)
     return home
 
 
-def workspace_override() -> Path | None:
+def workspace_override(settings: Settings) -> Path | None:
     """An operator's own workspace (`$ORBIT_WORKSPACE`): the webserver and daemon load it as it is,
     and orbit starts no code server. Unset (the default), orbit serves the code location itself."""
-    explicit = os.environ.get("ORBIT_WORKSPACE")
-    return Path(explicit).expanduser().resolve() if explicit else None
+    return settings.workspace
 
 
-def code_location_source() -> str:
+def code_location_source(settings: Settings) -> str:
     """Where the webserver and daemon get orbit's code location from, in words."""
-    from .code_server import configured
-
-    explicit = workspace_override()
+    explicit = settings.workspace
     if explicit is not None:
         return f"{explicit} (ORBIT_WORKSPACE)"
-    address = configured()
+    address = settings.code_server
     if address is not None:
         return f"the code server at {address} (ORBIT_CODE_SERVER)"
     return "a code server of their own (dagster api grpc on a private unix socket)"
 
 
 def environment(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
+    """The environment of a process serving this instance: ours (the settings' accessor) under
+    what the settings were parsed from (`Settings.with_env` values included), with the home
+    and the Dagster home set."""
+    env = {**process_environment(), **settings.env}
     env["ORBIT_HOME"] = str(settings.home)
     env["DAGSTER_HOME"] = str(ensure_dagster_home(settings))
     return env

@@ -2,7 +2,6 @@
 read from the `dagster.yaml` actually in place, which may differ from what the profile would write."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import yaml
@@ -47,6 +46,7 @@ def headline(settings: Settings) -> str:
 
 def describe(settings: Settings) -> dict[str, Any]:
     from .instance import code_location_source, daemon_heartbeats, ensure_dagster_home, profile
+    from .profiles import render_dagster_yaml
 
     prof = profile(settings)
     cfg_path = settings.home / prof.dagster_dir / "dagster.yaml"
@@ -56,7 +56,7 @@ def describe(settings: Settings) -> dict[str, Any]:
     cfg = yaml.safe_load(text) or {}
     if not existed:
         state = "written now for this profile"
-    elif text == prof.dagster_yaml():
+    elif text == render_dagster_yaml(prof):
         state = "as orbit writes it for this profile"
     else:
         state = ("differs from what this profile would write now (an edit, an older orbit, or other settings); "
@@ -80,7 +80,7 @@ def describe(settings: Settings) -> dict[str, Any]:
     retries = cfg.get("run_retries") or {}
     return {
         "profile": prof.name,
-        "selected_by": "ORBIT_PROFILE" if os.environ.get("ORBIT_PROFILE") else "default",
+        "selected_by": "ORBIT_PROFILE" if settings.profile.chosen else "default",
         "orbit_home": str(settings.home),
         "dagster_home": str(home),
         "dagster_yaml": str(cfg_path),
@@ -88,7 +88,7 @@ def describe(settings: Settings) -> dict[str, Any]:
         "dagster_storage": storage,
         "ledger": ledger.display,
         "ledger_kind": ledger.dialect,
-        "code_location": code_location_source(),
+        "code_location": code_location_source(settings),
         "max_concurrent_runs": runs.get("max_concurrent_runs"),
         "pools": _pools(cfg),
         "run_retries": int(retries.get("max_retries", 0)) if retries.get("enabled") else 0,

@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 from typing import IO, Callable
 
-from .code_server import CodeServerAddress, PrivateDir, answers, configured, default_socket, server_argv
+from .code_server import CodeServerAddress, PrivateDir, answers, default_socket, server_argv
 from ..settings import Settings
 from ..core.errors import OrbitError
 from .instance import (dagster_home, environment, foreign_daemon, prepare_instance, profile, running_daemon,
-                       wait_for_daemon, workspace_override)
+                       wait_for_daemon)
 from .locks import DaemonLock, foreign_daemon_refusal
 from .services import Child, ServiceFailed, Supervisor, daemon_argv, say, wait_for_http, webserver_argv
 
@@ -62,16 +62,16 @@ def code_server_child(address: CodeServerAddress, out: IO[str]) -> Child:
     return Child("code server", server_argv(address), out, restart=True, prepare=_unlink_socket(address))
 
 
-def serve_code(sup: Supervisor, out: IO[str]) -> Path | None:
+def serve_code(settings: Settings, sup: Supervisor, out: IO[str]) -> Path | None:
     """The workspace the webserver and daemon load: the operator's, or one naming a code server
     that answers (ours, started here, or `ORBIT_CODE_SERVER`'s). None if stopped meanwhile."""
-    explicit = workspace_override()
+    explicit = settings.workspace
     if explicit is not None:
         say(f"workspace {explicit} (ORBIT_WORKSPACE): the code location as it says")
         return explicit
     private = PrivateDir()
     sup.on_exit.append(private.remove)
-    address, child = configured(), None
+    address, child = settings.code_server, None
     if address is None:
         address = private.address
         child = sup.start(code_server_child(address, out))
@@ -125,7 +125,7 @@ def run_daemon(settings: Settings) -> int:
         say(headline(settings))
         with Supervisor(environment(settings), say, where=str(settings.home)) as sup:
             try:
-                workspace = serve_code(sup, sys.stdout)
+                workspace = serve_code(settings, sup, sys.stdout)
             except ServiceFailed as exc:
                 say(f"error: {exc}; see the lines above")
                 return 1
@@ -158,7 +158,7 @@ def run_ui(settings: Settings, port: int, no_daemon: bool) -> int:
         say(headline(settings))
         with Supervisor(environment(settings), say, where=str(settings.home)) as sup:
             try:
-                workspace = serve_code(sup, sys.stdout)
+                workspace = serve_code(settings, sup, sys.stdout)
             except ServiceFailed as exc:
                 say(f"error: {exc}; see the lines above")
                 return 1
@@ -199,7 +199,7 @@ def code_server_address(settings: Settings, socket: str | None, host: str | None
                              fix="listen on 127.0.0.1 or a unix socket; reach it from elsewhere through an SSH "
                                  "tunnel")
         return CodeServerAddress(host=host, port=port)
-    return configured() or CodeServerAddress(socket=default_socket(dagster_home(settings)))
+    return settings.code_server or CodeServerAddress(socket=default_socket(dagster_home(settings)))
 
 
 def run_code_server(settings: Settings, address: CodeServerAddress) -> int:

@@ -131,7 +131,7 @@ def temp_dir(ledger: "Ledger") -> Path:
 
 def locked_connection(ledger: "Ledger", limits: SqlLimits | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection over the ledger that can read it and nothing else, within `limits`."""
-    limits = limits or SqlLimits.from_env()
+    limits = limits or ledger.sql_limits or SqlLimits()
     spill = temp_dir(ledger)
     spill.mkdir(parents=True, exist_ok=True, mode=0o700)
     con = duckdb.connect(":memory:")
@@ -367,9 +367,10 @@ class _Worker:
 
 
 def face_query(ledger: "Ledger", sql: str, limits: SqlLimits | None = None):
-    """Run one read-only SELECT through the face within `limits` (default: the environment's,
-    see `limits.py`); a pandas DataFrame, or an OrbitError naming the limit or the refusal."""
-    limits = limits or SqlLimits.from_env()
+    """Run one read-only SELECT through the face within `limits` (default: the ledger's, which
+    `Settings.ledger()` sets from ORBIT_SQL_*, see `limits.py`); a pandas DataFrame, or an
+    OrbitError naming the limit or the refusal."""
+    limits = limits or ledger.sql_limits or SqlLimits()
     if isinstance(sql, str) and len(sql) > limits.max_query_chars:  # not even sent to the worker
         raise limits.query_too_long(len(sql))
     if ledger.dialect == "sqlite":

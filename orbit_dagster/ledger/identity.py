@@ -37,7 +37,7 @@ from .errors import RECOVERY_DOC, LedgerDamaged, LedgerError, LedgerIdentityErro
 from .health import fsync_dir, probe
 
 RECORD = "ledger-identity.json"
-# What in a home only a ledger's jobs put there (settings.py names the layout).
+# What in a home only a ledger's jobs put there (the settings, orbit_dagster/settings/, name the layout).
 HOME_DATA = ("bundles", "checkpoints")
 NO_DATABASE = "3D000"
 

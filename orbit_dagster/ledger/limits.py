@@ -1,6 +1,7 @@
 """The SQL face's limits: how long a query may run, how much memory and disk it may use, how
-long its text may be. Each is read from the environment (or given per call) and each
-refusal names the limit, its value and the setting that changes it.
+long its text may be. Each comes from the settings (`Settings.sql_limits()` hands this module
+the environment's text; `SqlLimits.parse`) or is given per call, and each refusal names the
+limit, its value and the setting that changes it.
 
 - `ORBIT_SQL_TIMEOUT_S` (default 60; `orbit sql --timeout`): DuckDB has no statement
   timeout, so a watchdog interrupts the connection at the limit, and again every 0.1 s
@@ -18,10 +19,10 @@ refusal names the limit, its value and the setting that changes it.
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 from ..core.bounded import physical_memory, size_text
 from ..core.errors import OrbitError
@@ -77,9 +78,10 @@ class SqlLimits:
     timeout_field: str = "ORBIT_SQL_TIMEOUT_S"  # what a person set the timeout with, for the message
 
     @classmethod
-    def from_env(cls, *, timeout_s: float | None = None, memory: str | None = None) -> "SqlLimits":
-        """The environment's limits; `timeout_s`/`memory` (a flag, an argument) win over it."""
-        env = os.environ
+    def parse(cls, env: Mapping[str, str], *, timeout_s: float | None = None,
+              memory: str | None = None) -> "SqlLimits":
+        """The limits `env` (the settings' snapshot of ORBIT_SQL_*) sets; `timeout_s`/`memory`
+        (a flag, an argument) win over it."""
         if timeout_s is not None:
             timeout, timeout_field = parse_timeout(timeout_s, field="--timeout"), "--timeout"
         else:

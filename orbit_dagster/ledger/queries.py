@@ -1,17 +1,18 @@
 """Read-side queries as pandas DataFrames: what `orbit status/cost` show, for notebooks too.
 
-    from orbit_dagster.ledger.queries import open_ledger, status, cost_table
-    ledger = open_ledger()            # the ledger of $ORBIT_HOME (default ./.orbit)
+    from orbit_dagster.ledger.queries import status, cost_table
+    from orbit_dagster.settings import Settings
+    ledger = Settings.from_env().ledger()   # the ledger of $ORBIT_HOME (default ./.orbit)
     status(ledger); cost_table(ledger, "checkpoint"); ledger.query("SELECT * FROM current_best")
 
 These answer from the store's indexes; `ledger.query()` runs any read-only SELECT through
 the DuckDB face, within its limits (`limits.py`: a 60 s timeout, 1 GiB of memory, a bounded
-spill in the ledger's `tmp/`, from ORBIT_SQL_TIMEOUT_S, ORBIT_SQL_MEMORY, ...);
-`sql(ledger, query, timeout_s=..., memory=...)` sets them for one query.
+spill in the ledger's `tmp/`, from ORBIT_SQL_TIMEOUT_S, ORBIT_SQL_MEMORY, ...: the settings');
+`sql(ledger, query, limits=settings.sql_limits(timeout_s=...))` sets them for one query.
+This module reads no settings: it is given a Ledger (the ledger never imports the settings).
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..core.errors import NotFound, OrbitError
@@ -20,23 +21,18 @@ from .store import Ledger
 if TYPE_CHECKING:  # pandas is imported by Ledger.frame when a frame is made: every run worker
     import pandas as pd  # and CLI call imports this module, most never make one (0.4 s each)
 
+    from .limits import SqlLimits
+
 COST_VIEWS = {"job": "cost_by_job", "experiment": "cost_by_experiment", "checkpoint": "cost_by_checkpoint"}
 COST_ORDER = {"job": "usd DESC, job_id", "experiment": "usd DESC, experiment", "checkpoint": "job_id, line"}
 
 
-def open_ledger(home: str | Path | None = None) -> Ledger:
-    from ..settings import Settings
-
-    return Settings.from_env(home).ledger()
-
-
-def sql(ledger: Ledger, query: str, *, timeout_s: float | None = None, memory: str | None = None) -> pd.DataFrame:
-    """One read-only SELECT through the DuckDB face; `timeout_s` and `memory` (e.g. "2GiB")
-    replace the environment's limits for it. A query past a limit is an OrbitError naming it."""
+def sql(ledger: Ledger, query: str, *, limits: "SqlLimits | None" = None) -> pd.DataFrame:
+    """One read-only SELECT through the DuckDB face within `limits` (`Settings.sql_limits(...)`;
+    default the ledger's own). A query past a limit is an OrbitError naming it."""
     from .face import face_query
-    from .limits import SqlLimits
 
-    return face_query(ledger, query, SqlLimits.from_env(timeout_s=timeout_s, memory=memory))
+    return face_query(ledger, query, limits)
 
 
 def status(ledger: Ledger, job_id: str | None = None) -> pd.DataFrame:

@@ -238,6 +238,9 @@ class Ledger:
     def __init__(self, url: str, *, home: Path | None = None):
         self.url = url
         self.home = Path(home) if home else None
+        # The SQL face's limits for `query()` (the settings' ORBIT_SQL_*, set by
+        # `Settings.ledger()`); None: limits.py's defaults.
+        self.sql_limits = None
         self._face_checked = False
         self.dialect = sa.engine.make_url(url).get_backend_name()
         if self.dialect == "sqlite":

@@ -18,8 +18,12 @@ from ..core.errors import OrbitError
 from ..core.submission import parse_set_args
 from ..core.templates import list_templates
 from ..resources import OrbitResource
+from ..settings import Settings
 
-TemplateName = Enum("TemplateName", {name.replace("-", "_"): name for name in list_templates()})
+# The launchpad's choice of templates, read when the code location loads: the shipped ones and
+# the settings' template directories (ORBIT_TEMPLATES, else $ORBIT_HOME/templates).
+TemplateName = Enum("TemplateName", {name.replace("-", "_"): name
+                                     for name in list_templates(Settings.from_env().template_dirs)})
 
 
 class SubmitConfig(dg.Config):

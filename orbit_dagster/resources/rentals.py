@@ -1,14 +1,14 @@
 """GPU-rental resources: one Dagster resource per provider, chosen by a job's placement.
 
-Each resource holds what its provider needs beyond `$ORBIT_HOME` (an unset field means the
-environment's value, see `settings.py`). Credentials come only from the
+Each resource holds what its provider needs beyond `$ORBIT_HOME`: its fields override the
+settings' section of that provider through `Settings.override` (an unset field means the
+environment's value; the defaults and parsing are the settings' alone). Credentials come only from the
 environment, as `dagster.EnvVar`s (the UI shows the variable's name, never its value);
 nothing here writes them anywhere. The assets and sensors that rent or release GPUs take
 all three; `active(...)` makes them the providers the control plane uses for the run.
 """
 from __future__ import annotations
 
-import dataclasses
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional
 
@@ -30,12 +30,8 @@ class SimMarketResource(dg.ConfigurableResource):
 
     def factory(self) -> Callable[[Settings], Provider]:
         def make(settings: Settings) -> Provider:
-            s = dataclasses.replace(
-                settings,
-                sim_reclaims=self.reclaims or settings.sim_reclaims,
-                sim_traces=self.traces or settings.sim_traces,
-                sim_scale=self.scale if self.scale is not None else settings.sim_scale,
-                sim_notice_seconds=self.notice_seconds if self.notice_seconds is not None else settings.sim_notice_seconds)
+            s = settings.override("sim", reclaims=self.reclaims, traces=self.traces, scale=self.scale,
+                                  notice_seconds=self.notice_seconds)
             return registry.REGISTRY["sim_host_process"](s)
 
         return make
@@ -49,7 +45,7 @@ class SshRentalResource(dg.ConfigurableResource):
 
     def factory(self) -> Callable[[Settings], Provider]:
         def make(settings: Settings) -> Provider:
-            s = dataclasses.replace(settings, ssh_inventory=self.inventory or settings.ssh_inventory)
+            s = settings.override(ssh_inventory=self.inventory)
             return registry.REGISTRY["ssh_rental_host_process"](s)
 
         return make
@@ -59,7 +55,7 @@ class AwsSpotResource(dg.ConfigurableResource):
     """EC2 spot instances (`aws_spot`). Credentials: the three `EnvVar` fields when set, else
     boto3's own chain (profile, instance role)."""
 
-    region: Optional[str] = None  # unset: ORBIT_AWS_REGION / AWS_REGION
+    region: Optional[str] = None  # unset: settings.aws.region (ORBIT_AWS_REGION / AWS_REGION)
     endpoint_url: Optional[str] = None  # unset: ORBIT_AWS_ENDPOINT_URL / AWS_ENDPOINT_URL (a VPC endpoint, moto)
     access_key_id: Optional[str] = None  # dg.EnvVar("AWS_ACCESS_KEY_ID")
     secret_access_key: Optional[str] = None  # dg.EnvVar("AWS_SECRET_ACCESS_KEY")
@@ -78,9 +74,8 @@ class AwsSpotResource(dg.ConfigurableResource):
 
     def factory(self) -> Callable[[Settings], Provider]:
         def make(settings: Settings) -> Provider:
-            s = dataclasses.replace(settings, aws_region=self.region or settings.aws_region,
-                                    aws_endpoint_url=self.endpoint_url or settings.aws_endpoint_url)
-            return registry._aws(s, session=self.session(s.aws_region))
+            s = settings.override("aws", region=self.region, endpoint_url=self.endpoint_url)
+            return registry._aws(s, session=self.session(s.aws.region))
 
         return make
 
@@ -97,9 +92,9 @@ def active(sim_market: SimMarketResource, ssh_rental: SshRentalResource, aws_spo
 def from_environment() -> dict[str, dg.ConfigurableResource]:
     """The three resources as `definitions.py` wires them: AWS credentials as EnvVars when the
     environment holds them (an EnvVar of an unset variable fails the code location's load)."""
-    import os
+    from ..settings import secret
 
     creds = {field: dg.EnvVar(var) for field, var in (("access_key_id", "AWS_ACCESS_KEY_ID"),
                                                       ("secret_access_key", "AWS_SECRET_ACCESS_KEY"),
-                                                      ("session_token", "AWS_SESSION_TOKEN")) if os.environ.get(var)}
+                                                      ("session_token", "AWS_SESSION_TOKEN")) if secret(var)}
     return {"sim_market": SimMarketResource(), "ssh_rental": SshRentalResource(), "aws_spot": AwsSpotResource(**creds)}

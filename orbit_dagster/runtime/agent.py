@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         from ..storage import open_store
         from .sdk import RunContext
 
-        store = open_store(args.store or (workdir / "checkpoints").as_uri())
+        store = open_store(args.store or (workdir / "checkpoints").as_uri(), env=os.environ)  # the host's S3 tuning
         ck = template.get("checkpoint", {})
         ctx = RunContext(
             job=job,

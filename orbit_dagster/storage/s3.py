@@ -12,7 +12,9 @@ This module travels inside every bundle: stdlib only at import, boto3 imported w
 first client is made. Endpoint, region and credentials come from boto3's standard chain
 (`AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL`, `AWS_PROFILE`, env, instance role); nothing
 here reads a secret. Tuning: `ORBIT_S3_MULTIPART_THRESHOLD` and `ORBIT_S3_PART_SIZE`
-(bytes), so a launch can set them through the host's environment.
+(bytes), in the `env` a store is opened with: the control plane's settings snapshot
+(`Settings.open_store`), or the host's environment (the agent), so a launch can set them.
+The same `env` keys the shared boto3 client (without one, the process's first client serves).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from .base import MANIFEST, CheckpointManifest, StoreError, check_name, check_rel
 
@@ -57,43 +59,71 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, key.strip("/")
 
 
-def _env_bytes(name: str, default: int) -> int:
-    raw = os.environ.get(name)
+class BadTuning(StoreError):
+    """A multipart setting that is not a size: `field`, `value` and `fix` say which and how."""
+
+    def __init__(self, message: str, *, field: str, value: object, fix: str):
+        self.field, self.value, self.fix = field, value, fix
+        super().__init__(f"{message}; fix: {fix}")
+
+
+def _env_bytes(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
     if raw in (None, ""):
         return default
     try:
         value = int(raw)
     except ValueError:
-        raise StoreError(f"{name}={raw!r} is not a number of bytes; fix: e.g. {name}={default}") from None
+        raise BadTuning(f"{name}={raw!r} is not a number of bytes", field=name, value=raw,
+                        fix=f"e.g. {name}={default}") from None
     if value <= 0:
-        raise StoreError(f"{name}={raw!r} must be positive; fix: e.g. {name}={default}")
+        raise BadTuning(f"{name}={raw!r} must be positive", field=name, value=raw, fix=f"e.g. {name}={default}")
     return value
 
 
-def default_client() -> Any:
-    """One boto3 S3 client per process and endpoint/profile/region setting (clients are thread-safe)."""
-    key = (os.getpid(), *(os.environ.get(k) for k in _CLIENT_ENV))
+def tuning(env: Mapping[str, str]) -> dict[str, int]:
+    """The multipart sizes `env` sets (or the defaults), checked: S3Store's keyword arguments."""
+    sizes = {"multipart_threshold": _env_bytes(env, "ORBIT_S3_MULTIPART_THRESHOLD", DEFAULT_THRESHOLD),
+             "part_size": _env_bytes(env, "ORBIT_S3_PART_SIZE", DEFAULT_PART_SIZE)}
+    if sizes["part_size"] < MIN_PART_SIZE:
+        raise BadTuning(f"S3 part size {sizes['part_size']} is below S3's minimum of {MIN_PART_SIZE} bytes",
+                        field="ORBIT_S3_PART_SIZE", value=env.get("ORBIT_S3_PART_SIZE"),
+                        fix=f"set part_size / ORBIT_S3_PART_SIZE to at least {MIN_PART_SIZE}")
+    return sizes
+
+
+def _new_client() -> Any:
+    import boto3
+    from botocore.config import Config
+
+    config = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10, read_timeout=60,
+                    user_agent_extra="orbit-dagster")
+    return boto3.session.Session().client("s3", config=config)
+
+
+def default_client(env: Mapping[str, str] | None = None) -> Any:
+    """One boto3 S3 client per process and endpoint/profile/region setting of `env` (clients
+    are thread-safe, and making one takes a second on a busy machine). boto3 reads those
+    settings from the process environment itself; `env` says what it holds (the settings'
+    snapshot, the host's environment), and without one the process shares one client."""
+    key = (os.getpid(), *((env.get(k) for k in _CLIENT_ENV) if env is not None else ("process",)))
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            import boto3
-            from botocore.config import Config
-
-            config = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10, read_timeout=60,
-                            user_agent_extra="orbit-dagster")
-            client = boto3.session.Session().client("s3", config=config)
-            _clients[key] = client
+            client = _clients[key] = _new_client()
         return client
 
 
 class S3Store:
     def __init__(self, root_uri: str, *, client: Any = None, multipart_threshold: int | None = None,
-                 part_size: int | None = None, list_page_size: int | None = None):
+                 part_size: int | None = None, list_page_size: int | None = None,
+                 env: Mapping[str, str] | None = None):
         self.bucket, self.prefix = parse_s3_uri(root_uri)
         self.root_uri = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
-        self._client = client
-        self.multipart_threshold = multipart_threshold or _env_bytes("ORBIT_S3_MULTIPART_THRESHOLD", DEFAULT_THRESHOLD)
-        self.part_size = part_size or _env_bytes("ORBIT_S3_PART_SIZE", DEFAULT_PART_SIZE)
+        self._client, self._env = client, env
+        sizes = tuning(env or {})
+        self.multipart_threshold = multipart_threshold or sizes["multipart_threshold"]
+        self.part_size = part_size or sizes["part_size"]
         if self.part_size < MIN_PART_SIZE:
             raise StoreError(f"S3 part size {self.part_size} is below S3's minimum of {MIN_PART_SIZE} bytes; "
                              f"fix: set part_size / ORBIT_S3_PART_SIZE to at least {MIN_PART_SIZE}")
@@ -104,7 +134,7 @@ class S3Store:
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = default_client()
+            self._client = default_client(self._env)
         return self._client
 
     # ---- names --------------------------------------------------------------------

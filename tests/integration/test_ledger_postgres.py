@@ -182,7 +182,6 @@ def orbit(*args, env=None):
 
 def test_team_profile_puts_dagster_and_the_ledger_on_postgres_and_one_setting_switches_back(team_profile, orbit_home):
     from orbit_dagster.deploy.instance import dagster_instance, ensure_dagster_home
-    from orbit_dagster.deploy.profiles import Profile
 
     postgres, name = team_profile
     settings = Settings.from_env(orbit_home)
@@ -201,7 +200,7 @@ def test_team_profile_puts_dagster_and_the_ledger_on_postgres_and_one_setting_sw
         assert {"key": "orbit/train-pool", "value": "sim", "limit": 3} in limits
     assert postgres.sql("SELECT count(*) FROM runs", database=f"{name}_dagster") == [(0,)]  # Dagster's tables
     ledger = settings.ledger()
-    assert ledger.dialect == "postgresql" and ledger.url == Profile.from_env().ledger_url
+    assert ledger.dialect == "postgresql" and ledger.url == settings.profile.ledger_url
     new_job(ledger, "kept")
     report = json.loads(orbit("profile", "--json").stdout)
     assert report["profile"] == "team" and report["ledger_kind"] == "postgresql"

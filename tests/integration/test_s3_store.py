@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from orbit_dagster.core.errors import OrbitError
+from orbit_dagster.settings import Settings
 from orbit_dagster.storage import open_store
 from orbit_dagster.storage.base import MANIFEST, CheckpointManifest, StoreError, checkpoint_dir_name, sha256_bytes
 from orbit_dagster.storage.s3 import MIB, S3Store
@@ -140,7 +142,7 @@ def test_delete_is_idempotent_and_drops_the_manifest_first(aws_env, s3_bucket):
     assert store.verify(keep).step == 40
 
 
-def test_a_missing_bucket_and_bad_settings_are_clear_errors(aws_env, monkeypatch):
+def test_a_missing_bucket_and_bad_settings_are_clear_errors(aws_env, monkeypatch, tmp_path):
     store = open_store("s3://orbit-no-such-bucket/x")
     with pytest.raises(StoreError, match="bucket 'orbit-no-such-bucket' does not exist; create it"):
         list(store.list("job"))
@@ -148,8 +150,10 @@ def test_a_missing_bucket_and_bad_settings_are_clear_errors(aws_env, monkeypatch
         open_store("s3://No_Such/x")
     with pytest.raises(StoreError, match="below S3's minimum"):
         S3Store("s3://orbit-x/y", part_size=1024)
-    monkeypatch.setenv("ORBIT_S3_MULTIPART_THRESHOLD", "lots")
     with pytest.raises(StoreError, match="ORBIT_S3_MULTIPART_THRESHOLD='lots' is not a number of bytes"):
-        S3Store("s3://orbit-x/y")
+        S3Store("s3://orbit-x/y", env={"ORBIT_S3_MULTIPART_THRESHOLD": "lots"})  # the settings' snapshot
+    monkeypatch.setenv("ORBIT_S3_MULTIPART_THRESHOLD", "lots")
+    with pytest.raises(OrbitError, match="ORBIT_S3_MULTIPART_THRESHOLD"):
+        Settings.from_env(tmp_path)  # refused where the settings are read
     with pytest.raises(StoreError, match=r"'\.\./escape' is not allowed"):
         S3Store("s3://orbit-x/y", multipart_threshold=MIB).put("j", "n", {"../escape": b""}, _manifest("j", 1, {}))

@@ -13,6 +13,7 @@ import pytest
 from orbit_dagster.cli.commands import main
 from orbit_dagster.control.attempt import outcome_of, run_attempt
 from orbit_dagster.control.liveness import process_start
+from orbit_dagster.settings import Settings
 from orbit_dagster.control.providers import provider_for
 from orbit_dagster.control.reconcile import reconcile
 from orbit_dagster.control.submit import cancel, submit
@@ -97,7 +98,7 @@ def test_defect_6_unservable_jobs_never_stay_dispatching(settings, monkeypatch, 
     monkeypatch.delenv("ORBIT_SSH_HOSTS", raising=False)  # no SSH inventory: $ORBIT_HOME has none
     if "checkpoint.store" in overrides:  # configured when submitted, gone when dispatched
         monkeypatch.setenv("ORBIT_S3_CHECKPOINT_STORE", "s3://orbit-test-bucket/ckpt")
-        job = submit(settings, "charlm-finetune", overrides)
+        job = submit(Settings.from_env(settings.home), "charlm-finetune", overrides)  # the settings of then
         monkeypatch.delenv("ORBIT_S3_CHECKPOINT_STORE")
     else:
         job = queue_unvalidated(settings, overrides)

@@ -9,6 +9,7 @@ deletes a checkpoint comes last.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -164,9 +165,9 @@ def test_defect_7_a_failed_launch_or_a_timeout_releases_the_instance(in_home, mo
     claim = ledger.one("SELECT * FROM evaluations WHERE checkpoint_key = ? AND suite = 'launch-fails'", [key])
     assert claim["state"] == "PENDING" and "refused the workload" in claim["reason"]
 
-    monkeypatch.setenv("ORBIT_EVAL_TIMEOUT_S", "0.5")
+    short = dataclasses.replace(settings, eval_timeout_s=0.5)  # ORBIT_EVAL_TIMEOUT_S=0.5
     with pytest.raises(OrbitError, match="timed out after 0 s|timed out after 1 s"):
-        evaluate_checkpoint(settings, key, suite="times-out", poll_s=0.1)
+        evaluate_checkpoint(short, key, suite="times-out", poll_s=0.1)
     rows = eval_instances(ledger, key, "times-out")
     assert 1 <= len(rows) <= MAX_EVAL_TRIES
     assert_released_and_billed(settings, rows)

@@ -72,7 +72,7 @@ def test_the_timeout_interrupts_the_query_and_the_face_answers_the_next_one(home
 
     ledger = Settings.from_env(home).ledger()
     assert face_query(ledger, "SELECT 1 AS x")["x"].tolist() == [1]
-    limits = SqlLimits.from_env(timeout_s=2)
+    limits = SqlLimits.parse({}, timeout_s=2)
     worker = _Worker.for_ledger(ledger, limits)
     start = time.monotonic()
     with pytest.raises(SqlLimitExceeded, match="timeout of 2 s"):
@@ -82,12 +82,14 @@ def test_the_timeout_interrupts_the_query_and_the_face_answers_the_next_one(home
         f"the worker was killed: the interrupt did not stop the query within {KILL_GRACE_S} s ({elapsed:.2f} s)"
     assert elapsed >= 2, elapsed
     assert face_query(ledger, "SELECT count(*) AS n FROM jobs", limits)["n"].tolist() == [0]
-    # Ledger.query (the notebook's door) reads the setting from the environment.
+    # Ledger.query (the notebook's door) runs within the settings' limits (ORBIT_SQL_*).
     monkeypatch.setenv("ORBIT_SQL_TIMEOUT_S", "1")
+    settings = Settings.from_env(home)
+    ledger = settings.ledger()
     with pytest.raises(SqlLimitExceeded, match="ORBIT_SQL_TIMEOUT_S"):
         ledger.query(ENDLESS)
     with pytest.raises(SqlLimitExceeded, match="timeout of 1.5 s"):
-        Q.sql(ledger, ENDLESS, timeout_s=1.5)
+        Q.sql(ledger, ENDLESS, limits=settings.sql_limits(timeout_s=1.5))
     assert ledger.query("SELECT 2 AS y")["y"].tolist() == [2]
 
 
@@ -98,7 +100,7 @@ def test_a_face_that_does_not_answer_by_its_timeout_is_killed_and_replaced(home)
     from orbit_dagster.ledger.limits import KILL_GRACE_S, SqlLimitExceeded, SqlLimits
 
     ledger = Settings.from_env(home).ledger()
-    limits = SqlLimits.from_env(timeout_s=1)
+    limits = SqlLimits.parse({}, timeout_s=1)
     face_query(ledger, "SELECT 1", limits)
     worker = _Worker.for_ledger(ledger, limits)
     os.kill(worker.proc.pid, signal.SIGSTOP)
@@ -184,13 +186,13 @@ def test_the_postgresql_face_is_bounded_the_same_way(postgres):
     from orbit_dagster.ledger.limits import SqlLimitExceeded, SqlLimits
 
     ledger = Ledger.open(postgres.url(postgres.create_database(), driver="psycopg"))
-    limits = SqlLimits.from_env(timeout_s=1)
+    limits = SqlLimits.parse({}, timeout_s=1)
     start = time.monotonic()
     with pytest.raises(SqlLimitExceeded, match="timeout of 1 s"):
         face_query(ledger, ENDLESS, limits)
     assert time.monotonic() - start < 30
     with pytest.raises(SqlLimitExceeded, match="ORBIT_SQL_MEMORY"):
-        face_query(ledger, "SELECT length(list(range)) FROM range(100000000)", SqlLimits.from_env(memory="64MiB"))
+        face_query(ledger, "SELECT length(list(range)) FROM range(100000000)", SqlLimits.parse({}, memory="64MiB"))
     assert face_query(ledger, "SELECT count(*) AS n FROM jobs", limits)["n"].tolist() == [0]
 
 
@@ -208,7 +210,7 @@ def test_the_timeout_holds_when_the_deadline_passes_before_the_query_starts(orbi
         "con = duckdb.connect(':memory:')\n"
         "t = time.monotonic()\n"
         "try:\n"
-        f"    face._run(con, {ENDLESS!r}, SqlLimits.from_env(timeout_s=0.3), None)\n"
+        f"    face._run(con, {ENDLESS!r}, SqlLimits.parse({{}}, timeout_s=0.3), None)\n"
         "except SqlLimitExceeded as exc:\n"
         "    print(f'{time.monotonic() - t:.2f}', exc)\n")
     proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=60,

@@ -3,7 +3,8 @@ import pytest
 import yaml
 
 from orbit_dagster.core.errors import OrbitError
-from orbit_dagster.deploy.profiles import Pool, PostgresServer, Profile, parse_pools, pool_tags
+from orbit_dagster.deploy.profiles import Pool, PostgresServer, parse_pools, pool_tags, render_dagster_yaml
+from orbit_dagster.settings import Settings
 from orbit_dagster.deploy.services import clean_line
 
 
@@ -40,20 +41,20 @@ def test_the_team_server_url_is_checked_and_never_carries_a_password():
     assert "hunter2" not in str(err.value) and "PGPASSWORD" in str(err.value)
 
 
-def test_profiles_are_one_setting(monkeypatch):
-    assert Profile.from_env().name == "embedded" and Profile.from_env().ledger_url is None
+def test_profiles_are_one_setting(monkeypatch, tmp_path):
+    embedded = Settings.from_env(tmp_path).profile
+    assert embedded.name == "embedded" and embedded.ledger_url is None and not embedded.chosen
     monkeypatch.setenv("ORBIT_PROFILE", "team")
     monkeypatch.setenv("ORBIT_POSTGRES_URL", "postgresql://orbit@127.0.0.1:5432/orbit")
-    team = Profile.from_env()
-    assert team.dagster_dir == "dagster-team" and team.ledger_url.startswith("postgresql+psycopg://")
+    team = Settings.from_env(tmp_path).profile
+    assert team.dagster_dir == "dagster-team" and team.ledger_url.startswith("postgresql+psycopg://") and team.chosen
+    assert Settings.from_env(tmp_path).ledger_url == team.ledger_url  # the team's ledger is its PostgreSQL
     monkeypatch.setenv("ORBIT_PROFILE", "teams")
     with pytest.raises(OrbitError, match="ORBIT_PROFILE=embedded"):
-        Profile.from_env()
+        Settings.from_env(tmp_path)
 
 
 def test_who_follows_a_training_is_one_setting_with_a_default_per_profile(monkeypatch, tmp_path):
-    from orbit_dagster.settings import Settings
-
     assert Settings.from_env(tmp_path).follow == "run"
     monkeypatch.setenv("ORBIT_PROFILE", "team")
     monkeypatch.setenv("ORBIT_POSTGRES_URL", "postgresql://orbit@127.0.0.1:5432/orbit")
@@ -85,7 +86,7 @@ def test_dagster_yaml_of_each_profile_loads_as_a_dagster_instance_config(monkeyp
         monkeypatch.setenv("ORBIT_PROFILE", profile)
         if url:
             monkeypatch.setenv("ORBIT_POSTGRES_URL", url)
-        text = Profile.from_env().dagster_yaml()
+        text = render_dagster_yaml(Settings.from_env(tmp_path).profile)
         (tmp_path / profile).mkdir()
         (tmp_path / profile / "dagster.yaml").write_text(text)
         config, _ = dagster_instance_config(str(tmp_path / profile))

@@ -20,7 +20,6 @@ variables; the inventory holds paths and variable names, never key material.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import yaml
@@ -149,10 +148,6 @@ class Inventory(BaseModel):
 
 
 MAX_INVENTORY_BYTES = 4 << 20
-
-
-def default_inventory_path() -> Path:
-    return Path(os.environ.get("ORBIT_HOME") or ".orbit").expanduser() / INVENTORY_FILE
 
 
 def load_inventory(path: Path) -> Inventory:

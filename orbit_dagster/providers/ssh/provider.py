@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import posixpath
 import time
 import uuid
@@ -30,9 +29,10 @@ from ...core.offers import Offer
 from ..base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
 from ..common import agent_argv
 from .checkpoints import fetch_checkpoint, mkdirs, push_checkpoint, remote_dir_of, rewrite_uri, uri_path
-from .inventory import Inventory, InventoryError, SshHost, default_inventory_path
+from .inventory import Inventory, InventoryError, SshHost
 from .session import HostSessions
 from ..jsonfiles import read_json as _read_json, write_json as _write_json
+from ...settings import secrets as forwarded_secrets
 
 LAUNCH_WINDOW_S = 60.0  # a claimed run with no wrapper pid is starting for this long, then lost
 EVENTS_READ_MAX = 4 << 20  # bytes per read_events call: bounded memory, the rest comes next poll
@@ -98,9 +98,10 @@ class SshProvider:
     name = "ssh"
     notice_seconds = 0.0  # a rental box gives no reclaim notice
 
-    def __init__(self, inventory_path: Path | None = None, *, state_dir: Path, unreachable_grace_s: float = 60.0,
+    def __init__(self, inventory_path: Path, *, state_dir: Path, unreachable_grace_s: float = 60.0,
                  terminate_grace_s: float = 60.0, command_timeout_s: float = 120.0):
-        self.inventory_path = Path(inventory_path) if inventory_path else default_inventory_path()
+        # The inventory's path is the settings' (`settings.ssh_hosts`: ORBIT_SSH_HOSTS, else the home's).
+        self.inventory_path = Path(inventory_path)
         self.state_dir = Path(state_dir)
         (self.state_dir / "leases").mkdir(parents=True, exist_ok=True)
         self.hosts = HostSessions(self.inventory_path, self.state_dir, command_timeout_s=command_timeout_s)
@@ -239,7 +240,7 @@ class SshProvider:
         bundle, run_dir = posixpath.join(run_root, "bundle"), posixpath.join(run_root, "run")
         env = {"PYTHONPATH": posixpath.join(bundle, "runtime"), "OMP_NUM_THREADS": str(threads),
                "PYTHONUNBUFFERED": "1", **spec.env}
-        secrets = {k: os.environ[k] for k in spec.secret_env if k in os.environ}  # from the environment only
+        secrets = forwarded_secrets(spec.secret_env)  # from the environment only, by pipe
         if request.get("launch_mode") == "docker_image":
             if not host.docker or not request.get("image"):
                 raise ProviderError(f"ssh host {host.name!r} cannot run launch_mode docker_image "

@@ -28,6 +28,7 @@ from .errors import RemoteCommandError, SlotsBusy, UnknownHostKey, translated
 from .host import NO_CAPACITY
 from .inventory import Inventory, SshHost, load_inventory
 from ..jsonfiles import read_json as _read_json, write_json as _write_json
+from ...settings import secret
 
 T = TypeVar("T")
 HELPER_SOURCE = Path(__file__).with_name("host.py").read_bytes()
@@ -58,14 +59,14 @@ class TrustOnFirstUse(paramiko.MissingHostKeyPolicy):
 
 
 def load_private_key(host: SshHost) -> paramiko.PKey:
-    passphrase = os.environ.get(host.key_passphrase_env) if host.key_passphrase_env else None
+    passphrase = secret(host.key_passphrase_env) if host.key_passphrase_env else None
     if host.key_file is not None:
         path = host.key_file.expanduser()
         if not path.is_file():
             raise AuthError(f"ssh host {host.name!r}: key_file {path} does not exist", provider="ssh",
                             field="key_file", value=str(path), fix="point key_file at the private key for this host")
         return paramiko.PKey.from_path(path, passphrase)
-    text = os.environ.get(host.key_env or "")
+    text = secret(host.key_env) if host.key_env else None
     if not text:
         raise AuthError(f"ssh host {host.name!r}: environment variable {host.key_env} is unset or empty",
                         provider="ssh", field="key_env", value=host.key_env,

@@ -88,10 +88,11 @@ def test_gpu_names_of_the_catalog_pass_in_any_case(settings):
 
 def test_s3_store_passes_once_configured(settings, monkeypatch):
     monkeypatch.setenv("ORBIT_S3_CHECKPOINT_STORE", "s3://bucket/prefix")
+    settings = Settings.from_env(settings.home)  # the settings read the environment once
     assert submit_check(settings, {"checkpoint.store": "s3"})[0].checkpoint.store == "s3"
     monkeypatch.setenv("ORBIT_S3_CHECKPOINT_STORE", "/not/s3")
     with pytest.raises(InvalidOverride):
-        submit_check(settings, {"checkpoint.store": "s3"})
+        submit_check(Settings.from_env(settings.home), {"checkpoint.store": "s3"})
 
 
 def test_a_template_that_asks_for_what_is_missing_is_blamed_not_an_override(settings, tmp_path, monkeypatch):
@@ -122,7 +123,7 @@ def test_aws_credentials_from_a_shared_file_and_a_bad_region(settings, no_aws, n
     creds.write_text("[default]\naws_access_key_id = AKIDEXAMPLE\naws_secret_access_key = x\n")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
     assert aws_credential_source() == "shared-credentials-file"
-    bad = Settings.from_env(settings.home).__class__(home=settings.home, aws_region="mars-1")
+    bad = settings.override("aws", region="mars-1")
     with pytest.raises(InvalidOverride) as err:
         submit_check(bad, {"placement": "aws_spot"})
     assert "mars-1" in str(err.value) and "ORBIT_AWS_REGION" in err.value.fix
@@ -188,10 +189,10 @@ def test_retry_validates_the_snapshot_and_the_overrides(settings, orbit_home, mo
     assert err.value.field == "config.steps"
     # S3 configured at submission, gone now: the retry says so before anything is queued.
     monkeypatch.setenv("ORBIT_S3_CHECKPOINT_STORE", "s3://b/p")
-    s3 = validate_retry(settings, snapshot, {"checkpoint.store": "s3"})
+    s3 = validate_retry(Settings.from_env(settings.home), snapshot, {"checkpoint.store": "s3"})
     monkeypatch.delenv("ORBIT_S3_CHECKPOINT_STORE")
     with pytest.raises(NotServedHere):
-        validate_retry(settings, s3, {})
+        validate_retry(Settings.from_env(settings.home), s3, {})
     assert not orbit_home.exists()
 
 

@@ -47,10 +47,12 @@ def test_unknown_template_lists_known_ones():
     assert "charlm-finetune" in str(err.value)
 
 
-def test_user_template_dir_shadows(tmp_path, monkeypatch):
+def test_a_template_in_the_search_path_given_shadows_and_core_reads_no_environment(tmp_path, monkeypatch):
     (tmp_path / "mine.yaml").write_text("name: mine\nworkload: charlm\nallow_overrides: [config.lr]\nconfig: {lr: 1}\n")
-    monkeypatch.setenv("ORBIT_TEMPLATES", str(tmp_path))
-    assert load_template("mine").config["lr"] == 1
+    assert load_template("mine", [tmp_path]).config["lr"] == 1
+    assert "mine" in list_templates([tmp_path])
+    monkeypatch.setenv("ORBIT_TEMPLATES", str(tmp_path))  # the settings' to read, not core's
+    assert "mine" not in list_templates()
 
 
 def test_template_whitelist_must_name_real_fields():

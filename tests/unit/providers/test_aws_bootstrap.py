@@ -123,11 +123,10 @@ def test_aws_settings_come_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("ORBIT_AWS_SECURITY_GROUP_IDS", "sg-1 sg-2")
     monkeypatch.setenv("ORBIT_AWS_SSH_ENDPOINT", "127.0.0.1:2222")
     monkeypatch.setenv("ORBIT_AWS_BOOT_TIMEOUT_S", "900")
-    s = Settings.from_env(tmp_path)
-    assert s.aws_ssh_cidrs == ("198.51.100.7/32", "203.0.113.0/24") and s.aws_security_group_ids == ("sg-1", "sg-2")
-    assert (s.aws_ssh_endpoint, s.aws_boot_timeout_s, s.aws_ssh_user, s.aws_address) == (
-        "127.0.0.1:2222", 900.0, "ubuntu", "public")
-    assert s.aws_metadata_url == "http://169.254.169.254"
+    s = Settings.from_env(tmp_path).aws
+    assert s.ssh_cidrs == ("198.51.100.7/32", "203.0.113.0/24") and s.security_group_ids == ("sg-1", "sg-2")
+    assert (s.ssh_endpoint, s.boot_timeout_s, s.ssh_user, s.address) == ("127.0.0.1:2222", 900.0, "ubuntu", "public")
+    assert s.metadata_url == "http://169.254.169.254"
     monkeypatch.setenv("ORBIT_AWS_BOOT_TIMEOUT_S", "soon")
     with pytest.raises(OrbitError, match="ORBIT_AWS_BOOT_TIMEOUT_S") as err:
         Settings.from_env(tmp_path)

@@ -1,0 +1,110 @@
+"""Every environment variable orbit's control plane reads, with its default and its meaning.
+
+`Settings.from_env` reads only names declared here (`Env.get` refuses any other), and
+docs/deploy.md's table of settings is made from this list (`python -m orbit_dagster.settings`;
+a unit test keeps the two equal), so a setting cannot be read without being documented.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    default: str  # as the table shows it ("" when unset means off / none)
+    meaning: str
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("ORBIT_HOME", "`./.orbit`", "where everything lives: ledger, bundles, checkpoints, Dagster's home"),
+    # The deployment
+    Variable("ORBIT_PROFILE", "`embedded`", "`embedded` (SQLite, one machine) or `team` (PostgreSQL, many people)"),
+    Variable("ORBIT_POOLS", "`sim=4 ssh_rental=2 aws_spot=4`",
+             "concurrent runs per provider (`NAME=LIMIT` pairs); `ssh_rental` defaults to the inventory's GPUs"),
+    Variable("ORBIT_POSTGRES_URL", "", "the team profile's server, `postgresql://USER@HOST:PORT/DB` (password in "
+                                       "PGPASSWORD or ~/.pgpass)"),
+    Variable("ORBIT_LEDGER_URL", "SQLite under the home (team: its PostgreSQL)",
+             "the ledger's database, `sqlite:///PATH` or `postgresql+psycopg://USER@HOST:PORT/DB`"),
+    Variable("ORBIT_FOLLOW", "`run` (team: `daemon`)",
+             "who follows a training attempt: its run, or the daemon after a hand-off"),
+    Variable("ORBIT_HANDOFF_AFTER_S", "60", "with `daemon`: how long the launching run follows before it hands off"),
+    Variable("ORBIT_FOLLOW_EVERY_S", "300",
+             "with `daemon`: the longest a running attempt goes without a run collecting its events"),
+    Variable("ORBIT_WORKER_TIMEOUT_S", "60", "a run worker on another machine is dead after this long without a "
+                                             "heartbeat"),
+    Variable("ORBIT_CODE_SERVER", "", "a code server run as a service (`unix:/path` or `HOST:PORT`); unset: "
+                                      "`orbit daemon`/`ui` start their own"),
+    Variable("ORBIT_WORKSPACE", "", "an operator's own `workspace.yaml` for the webserver and daemon"),
+    # Templates, checkpoints, evaluations
+    Variable("ORBIT_TEMPLATES", "`$ORBIT_HOME/templates` if it exists",
+             "a directory of templates; one shadows a shipped template of its name"),
+    Variable("ORBIT_CHECKPOINT_STORE", "`$ORBIT_HOME/checkpoints`", "the filesystem checkpoint store "
+                                                                    "(`checkpoint.store: fs`), a `file://` URI"),
+    Variable("ORBIT_S3_CHECKPOINT_STORE", "", "the S3 checkpoint store (`checkpoint.store: s3`), `s3://BUCKET/PREFIX`"),
+    Variable("ORBIT_S3_MULTIPART_THRESHOLD", "67108864 (64 MiB)", "bytes from which a file goes by multipart upload"),
+    Variable("ORBIT_S3_PART_SIZE", "16777216 (16 MiB)", "bytes per multipart part (at least 5 MiB)"),
+    Variable("ORBIT_EVAL_TIMEOUT_S", "1800", "the longest one evaluation may run"),
+    Variable("ORBIT_MIGRATION_WINDOW_S", "600", "proactive migration compares offers' risk over windows this long"),
+    # The SQL face
+    Variable("ORBIT_SQL_TIMEOUT_S", "60", "a query's time limit (`orbit sql --timeout`)"),
+    Variable("ORBIT_SQL_MEMORY", "`1GiB`", "a query's memory (at most this machine's)"),
+    Variable("ORBIT_SQL_TEMP_SIZE", "`4GiB`", "what a query may spill under the ledger's `tmp/`"),
+    Variable("ORBIT_SQL_MAX_QUERY_CHARS", "65536", "the longest SQL text"),
+    # The sim market
+    Variable("ORBIT_SIM_RECLAIMS", "`trace`", "`trace` (replay spot traces) or `none`"),
+    Variable("ORBIT_SIM_TRACES", "generated from the fitted model", "a directory of preemption traces to replay"),
+    Variable("ORBIT_SIM_SCALE", "1", "market seconds per wall second"),
+    Variable("ORBIT_SIM_NOTICE_SECONDS", "120", "the reclaim notice, in market seconds"),
+    # SSH rental hosts
+    Variable("ORBIT_SSH_HOSTS", "`$ORBIT_HOME/ssh_hosts.yaml`", "the SSH inventory (docs/providers-ssh.md)"),
+    # AWS spot (docs/providers-aws.md); credentials: boto3's chain, never a setting
+    Variable("ORBIT_AWS_REGION", "`AWS_REGION`, else `us-east-1`", "the EC2 region"),
+    Variable("ORBIT_AWS_ENDPOINT_URL", "`AWS_ENDPOINT_URL`", "an EC2 endpoint (moto, a VPC endpoint)"),
+    Variable("ORBIT_AWS_IMAGE_ID", "", "the AMI hosts boot (required for real AWS)"),
+    Variable("ORBIT_AWS_SSH_CIDR", "", "CIDRs that may reach the hosts' SSH port (required unless own security "
+                                       "groups are given)"),
+    Variable("ORBIT_AWS_SECURITY_GROUP_IDS", "", "security groups of your own instead of orbit's"),
+    Variable("ORBIT_AWS_SUBNET_ID", "", "the subnet hosts are launched in"),
+    Variable("ORBIT_AWS_KEY_NAME", "", "an EC2 key pair of your own instead of orbit's"),
+    Variable("ORBIT_AWS_INSTANCE_PROFILE", "", "an instance profile for the hosts (S3 checkpoints by role)"),
+    Variable("ORBIT_AWS_SSH_USER", "`ubuntu`", "the hosts' SSH user"),
+    Variable("ORBIT_AWS_ADDRESS", "`public`", "how orbit reaches a host: `public` or `private` IP"),
+    Variable("ORBIT_AWS_SSH_ENDPOINT", "", "a tunnel or bastion endpoint `host:port` instead of the address"),
+    Variable("ORBIT_AWS_PYTHON", "`python3`", "the hosts' interpreter (with torch)"),
+    Variable("ORBIT_AWS_WORKDIR", "`~/orbit`", "the hosts' working directory"),
+    Variable("ORBIT_AWS_METADATA_URL", "`http://169.254.169.254`", "the metadata service the agent polls for notices"),
+    Variable("ORBIT_AWS_BOOT_TIMEOUT_S", "600", "the longest a host may take to boot and answer SSH"),
+    Variable("ORBIT_AWS_TERMINATE_GRACE_S", "60", "how long a stop may take before the instance is terminated"),
+)
+
+# Not settings: names the host side reads from its own environment, set by a launch
+# (runtime/device.py, runtime/agent.py), and AWS's own, read by boto3's chain.
+HOST_VARIABLES: dict[str, str] = {
+    "ORBIT_DEVICE": "the host's device: `auto`, `cpu`, `cuda`, `cuda:N` (runtime/device.py)",
+    "ORBIT_PRECISION": "the host's autocast dtype: `auto`, `fp32`, `bf16` (runtime/device.py)",
+    "ORBIT_METADATA_URL": "the metadata service the host's agent polls for notices (set by the AWS launch)",
+}
+AWS_VARIABLES = ("AWS_REGION", "AWS_ENDPOINT_URL")  # fallbacks of ORBIT_AWS_REGION / ORBIT_AWS_ENDPOINT_URL
+
+NAMES = frozenset(v.name for v in VARIABLES)
+
+
+class Env:
+    """The environment as `Settings.from_env` read it: one snapshot, asked only for declared names."""
+
+    def __init__(self, snapshot: Mapping[str, str]):
+        self.snapshot = snapshot
+
+    def get(self, name: str) -> str | None:
+        if name not in NAMES and name not in AWS_VARIABLES:
+            raise KeyError(f"{name} is not a declared setting (settings/variables.py)")
+        return self.snapshot.get(name) or None
+
+
+def markdown_table() -> str:
+    """docs/deploy.md's table of settings."""
+    rows = ["| variable | default | what it does |", "|---|---|---|"]
+    rows += [f"| `{v.name}` | {v.default or 'unset'} | {v.meaning} |" for v in VARIABLES]
+    return "\n".join(rows) + "\n"
