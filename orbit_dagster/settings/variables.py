@@ -48,7 +48,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ORBIT_EVAL_TIMEOUT_S", "1800", "the longest one evaluation may run"),
     Variable("ORBIT_MIGRATION_WINDOW_S", "600", "proactive migration compares offers' risk over windows this long"),
     # The SQL face
-    Variable("ORBIT_SQL_TIMEOUT_S", "60", "a query's time limit (`orbit sql --timeout`)"),
+    Variable("ORBIT_SQL_TIMEOUT_S", "60", "a query's time limit (`orbit sql --timeout SECONDS`)"),
     Variable("ORBIT_SQL_MEMORY", "`1GiB`", "a query's memory (at most this machine's)"),
     Variable("ORBIT_SQL_TEMP_SIZE", "`4GiB`", "what a query may spill under the ledger's `tmp/`"),
     Variable("ORBIT_SQL_MAX_QUERY_CHARS", "65536", "the longest SQL text"),

@@ -20,7 +20,7 @@ EARLIER = {
         ("defect 5/6: invalid job values, bad names, unservable placement/store (CLI)",
          "one line naming the field, exit 2, $ORBIT_HOME untouched"),
     "tests/security/test_cli_errors.py::test_submit_and_retry_on_a_full_disk_say_so_in_one_line_and_lose_nothing":
-        ("defect 5: full disk (16 MiB tmpfs) under `orbit submit/retry`", "one line, nothing half-written"),
+        ("defect 5: full disk (16 MiB tmpfs) under `orbit submit` and `orbit retry`", "one line, nothing half-written"),
     "tests/security/test_cli_errors.py::test_a_read_only_disk_is_one_line_naming_the_fix":
         ("read-only disk under `orbit submit`", "one line naming the fix"),
     "tests/security/test_submission_fuzz.py::test_submit_of_hostile_input_never_tracebacks_and_a_refusal_writes_nothing":

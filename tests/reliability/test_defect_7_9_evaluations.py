@@ -215,7 +215,7 @@ def test_defect_9_orbit_best_only_reads(in_home):
     assert inject.snapshot(db) == before
 
 
-@pytest.mark.fault("defect 9: a primary metric set for the project (`orbit metric set ... --project`)",
+@pytest.mark.fault("defect 9: a primary metric set for the project (`orbit metric set NAME min --project P`)",
                    expect="it ranks the experiment until the experiment sets its own")
 def test_defect_9_the_project_primary_metric_applies(in_home):
     """Old code: the template's metric was stored on the experiment, which always won: the
@@ -236,7 +236,7 @@ def test_defect_9_the_project_primary_metric_applies(in_home):
     assert best["checkpoint_key"] == min(evaluated, key=lambda k: int(k.rsplit("/", 1)[1]))
 
 
-@pytest.mark.fault("defect 9: `orbit cost --by checkpoint|job|experiment` after training, evaluations, kills",
+@pytest.mark.fault("defect 9: `orbit cost --by checkpoint` (and by job, by experiment) after training, evaluations, kills",
                    expect="every table sums to the providers' bill; no NaN")
 def test_defect_9_cost_by_checkpoint_sums_to_the_bill(in_home):
     """Old code: the per-checkpoint table left evaluation and waste out (did not sum to the
