@@ -116,8 +116,10 @@ class AttemptMonitor:
 
     def _on_event(self, ev: Entry, ckpt_rows: list[dict], notes: list[dict]) -> None:
         if isinstance(ev, Rejected):  # not a line of the contract: its kind, version or field named
+            # Named by its place in the file: a re-read (a re-attach reads from the start) records it once.
             notes.append(R.event("event_rejected", job_id=self.job_id, run_id=self.run_id, reason=ev.reason[:500],
-                                 line=ev.line[:500], offset=ev.offset, host_kind=ev.kind))
+                                 line=ev.line[:500], offset=ev.offset, host_kind=ev.kind,
+                                 event_id=f"event_rejected:{self.run_id}:{ev.offset}"))
         elif isinstance(ev, Checkpoint):
             row = self._checkpoint(ev, notes)
             if row is not None:

@@ -56,6 +56,14 @@ def test_lines_of_an_unknown_version_or_kind_and_garbage_are_recorded_as_rejecte
     assert monitor.last_step == 5  # the line after the refused ones was acted on
 
 
+def test_a_refused_line_read_again_after_a_re_attach_is_recorded_once(monitor):
+    """Before: each read of a malformed line (a re-attaching run reads from the start) added a row."""
+    chunk = b'{"seq": 1, "type": "metrics", "step": "x", "values": {}}\n'
+    monitor._on_events(read_chunk(chunk, 0)[0])
+    monitor._on_events(read_chunk(chunk, 0)[0])
+    assert monitor.ledger.scalar("SELECT count(*) FROM events WHERE kind = 'event_rejected'") == 1
+
+
 def test_a_nan_metric_and_a_host_notice_reach_the_ledger_as_before(monitor):
     chunk = (json.dumps({"seq": 1, "ts": 1790000000.0, "type": "metrics", "step": 4,
                          "values": {"train/loss": "nan", "lr": 0.1}}) + "\n"
