@@ -15,6 +15,8 @@ from datetime import datetime
 
 from ..core.errors import OrbitError, ProviderError
 from ..core.failures import FailureClass, retried_as_interruption
+from ..core.host_contract import (Checkpoint, Entry, Exit, HostEvent, Metrics, Notice, Probe, Progress, Rejected,
+                                  Resumed, Started, fields_of)
 from ..core.lifecycle import JobState
 from ..ledger import Ledger, as_datetime, utcnow
 from ..ledger import records as R
@@ -27,32 +29,14 @@ from .dispatch import dispatch
 from ..settings import Settings
 
 FINAL_RUN_STATES = {"SUCCEEDED", "FAILED", "LOST", "CANCELLED"}
-MAX_STEP = 2**62  # a step count a database integer holds
+# What a host's `started`, `notice`, `probe` and `resumed` lines become in the ledger: a
+# `host_<kind>` event with the record's fields (the dispatcher and the observations read them).
+NOTED = (Started, Notice, Probe, Resumed)
 
 
-def _step(ev: dict) -> int:
-    step = ev["step"]
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
-        raise ValueError(f"step {str(step)[:40]!r} is not a step count")
-    return step
-
-
-def _number(value: object) -> float | None:
-    """A finite metric value, or None (a NaN is the workload's divergence, reported by its exit)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        v = float(value)
-    except OverflowError:
-        return None
-    return v if math.isfinite(v) else None
-
-
-def _when(ev: dict) -> datetime:
-    ts = ev.get("ts")
-    if isinstance(ts, (int, float)) and not isinstance(ts, bool) and _number(ts) is not None and 0 < ts < 4e9:
-        return as_datetime(ts)
-    return utcnow()
+def _when(ev: HostEvent) -> datetime:
+    """When the host wrote the line (its clock), or now if that is no time at all."""
+    return as_datetime(ev.ts) if 0 < ev.ts < 4e9 else utcnow()  # (False for a NaN)
 
 
 @dataclass
@@ -89,11 +73,11 @@ class AttemptMonitor:
         self.metric_rows: list[dict] = []
         self.last_step: int | None = None
         self.last_progress: datetime | None = None
-        self.exit_event: dict | None = None
+        self.exit_event: Exit | None = None
 
-    def _checkpoint(self, ev: dict, notes: list[dict]) -> dict | None:
+    def _checkpoint(self, ev: Checkpoint, notes: list[dict]) -> dict | None:
         """The ledger row of a checkpoint event, once its files are here and verified."""
-        key = R.checkpoint_key(self.job_id, int(ev.get("attempt") or 0), int(ev["step"]))
+        key = R.checkpoint_key(self.job_id, ev.attempt, ev.step)
         if key in self.registered:
             return None
         try:
@@ -107,19 +91,21 @@ class AttemptMonitor:
             notes.append(R.event("checkpoint_rejected", job_id=self.job_id, run_id=self.run_id, checkpoint_key=key,
                                  reason=problem))
             return None
-        self._progress(int(ev["step"]), ev)
+        self._progress(ev.step, ev)
         return C.row_from_event(ev, job_id=self.job_id, run_id=self.run_id, lineage=self.lineage,
                                 experiment=self.experiment)
 
-    def _on_events(self, events: list[dict]) -> None:
+    def _on_events(self, events: list[Entry]) -> None:
+        """Act on the host contract's records (read_events); a refused line is recorded, skipped."""
         ckpt_rows: list[dict] = []
         notes: list[dict] = []
         for ev in events:
             try:
                 self._on_event(ev, ckpt_rows, notes)
             except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
-                # A host (or its workload, which can write events) sent a malformed line: it is
-                # recorded and skipped; it never stops the run that follows the attempt.
+                # A record the contract accepts that still cannot be acted on (a checkpoint uri no
+                # store opens, say): recorded and skipped, like a refused line. A host (or its
+                # workload, which can write events) never stops the run that follows the attempt.
                 notes.append(R.event("event_rejected", job_id=self.job_id, run_id=self.run_id,
                                      reason=f"{type(exc).__name__}: {exc}"[:500], line=str(ev)[:500]))
         new = C.register(self.ledger, ckpt_rows, eval_suite=self.eval_suite, events=notes) if (ckpt_rows or notes) else []
@@ -128,37 +114,37 @@ class AttemptMonitor:
             self.new_checkpoints += [r["checkpoint_key"] for r in new]
             self.reporter.checkpoints(new)
 
-    def _on_event(self, ev: dict, ckpt_rows: list[dict], notes: list[dict]) -> None:
-        kind = ev.get("type")
-        if kind == "checkpoint":
+    def _on_event(self, ev: Entry, ckpt_rows: list[dict], notes: list[dict]) -> None:
+        if isinstance(ev, Rejected):  # not a line of the contract: its kind, version or field named
+            # Named by its place in the file: a re-read (a re-attach reads from the start) records it once.
+            notes.append(R.event("event_rejected", job_id=self.job_id, run_id=self.run_id, reason=ev.reason[:500],
+                                 line=ev.line[:500], offset=ev.offset, host_kind=ev.kind,
+                                 event_id=f"event_rejected:{self.run_id}:{ev.offset}"))
+        elif isinstance(ev, Checkpoint):
             row = self._checkpoint(ev, notes)
             if row is not None:
                 ckpt_rows.append(row)
-        elif kind == "metrics":
-            step = _step(ev)
-            values = ev.get("values") or {}
-            if not isinstance(values, dict):
-                raise TypeError(f"metrics values are {type(values).__name__}, not a mapping")
-            for name, value in values.items():
-                v = _number(value)
-                if v is not None and isinstance(name, str) and 0 < len(name) <= 200:
-                    self._metric(step, name, v, ev)
-            self._progress(step, ev)
-        elif kind == "progress":
-            self._progress(_step(ev), ev)
-        elif kind == "exit":
+        elif isinstance(ev, Metrics):
+            for name, value in ev.values.items():
+                # A NaN is the workload's divergence, reported by its exit: never stored.
+                if math.isfinite(value) and 0 < len(name) <= 200:
+                    self._metric(ev.step, name, value, ev)
+            self._progress(ev.step, ev)
+        elif isinstance(ev, Progress):
+            self._progress(ev.step, ev)
+        elif isinstance(ev, Exit):
             self.exit_event = ev
-        elif kind in ("started", "notice", "probe", "resumed"):
-            detail = {k: v for k, v in ev.items() if k not in ("type", "seq")}
-            notes.append(R.event(f"host_{kind}", job_id=self.job_id, run_id=self.run_id,
+        elif isinstance(ev, NOTED):
+            detail = {"ts": ev.ts, **fields_of(ev)}
+            notes.append(R.event(f"host_{ev.KIND}", job_id=self.job_id, run_id=self.run_id,
                                  instance_id=self.handle.instance.instance_id, **detail))
 
-    def _progress(self, step: int, ev: dict) -> None:
+    def _progress(self, step: int, ev: HostEvent) -> None:
         if self.last_step is None or step >= self.last_step:
             self.last_step = step
             self.last_progress = _when(ev)
 
-    def _metric(self, step: int, name: str, value: float, ev: dict) -> None:
+    def _metric(self, step: int, name: str, value: float, ev: HostEvent) -> None:
         self.metric_rows.append({
             "job_id": self.job_id, "experiment": self.experiment, "run_id": self.run_id, "step": step, "name": name,
             "value": value, "source": "train", "ts": _when(ev),

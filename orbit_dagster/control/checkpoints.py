@@ -8,16 +8,19 @@ whoever changed the bytes could have rewritten too).
 """
 from __future__ import annotations
 
+import math
+
 from ..core.errors import CheckpointIntegrityError
+from ..core.host_contract import Checkpoint
 from ..ledger import Ledger, as_datetime, utcnow
 from ..ledger import records as R
 from ..storage import open_store, store_of
 from ..storage.base import StoreError, parse_checkpoint_dir
 
 
-def row_from_event(ev: dict, *, job_id: str, run_id: str | None, lineage: str | None,
+def row_from_event(ev: Checkpoint, *, job_id: str, run_id: str | None, lineage: str | None,
                    experiment: str | None) -> dict:
-    step, attempt = int(ev["step"]), int(ev.get("attempt") or 0)
+    step, attempt = ev.step, ev.attempt
     return {
         "checkpoint_key": R.checkpoint_key(job_id, attempt, step),
         "job_id": job_id,
@@ -26,15 +29,15 @@ def row_from_event(ev: dict, *, job_id: str, run_id: str | None, lineage: str | 
         "attempt": attempt,
         "lineage": lineage,
         "step": step,
-        "tier": ev.get("tier", "durable"),
-        "parent_key": key_from_uri(ev.get("parent"), job_id),
-        "uri": ev["uri"],
-        "sha256": ev["sha256"],
-        "bytes": int(ev["bytes"]),
-        "weights_sha256": ev.get("weights_sha256"),
-        "train_loss": ev.get("train_loss"),
-        "save_seconds": ev.get("save_seconds"),
-        "created_at": as_datetime(ev["ts"]) if ev.get("ts") else utcnow(),
+        "tier": ev.tier,
+        "parent_key": key_from_uri(ev.parent, job_id),
+        "uri": ev.uri,
+        "sha256": ev.sha256,
+        "bytes": ev.bytes,
+        "weights_sha256": ev.weights_sha256,
+        "train_loss": _finite(ev.train_loss),
+        "save_seconds": _finite(ev.save_seconds),
+        "created_at": as_datetime(ev.ts) if 0 < ev.ts < 4e9 else utcnow(),  # (False for a NaN)
         "registered_at": utcnow(),
     }
 
@@ -47,15 +50,19 @@ def key_from_uri(uri: str | None, job_id: str) -> str | None:
     return R.checkpoint_key(job_id, parsed[1], parsed[0]) if parsed else None
 
 
-def verify_event(ev: dict) -> str | None:
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def verify_event(ev: Checkpoint) -> str | None:
     """None when the checkpoint in the store is complete and matches its event; else why not."""
     try:
-        manifest = store_of(ev["uri"]).verify(ev["uri"])
+        manifest = store_of(ev.uri).verify(ev.uri)
     except StoreError as exc:
         return str(exc)
-    if manifest.digest != ev.get("sha256"):
-        return f"manifest digest {manifest.digest[:12]} differs from the reported {str(ev.get('sha256'))[:12]}"
-    if manifest.step != int(ev.get("step", -1)) or manifest.attempt != int(ev.get("attempt") or 0):
+    if manifest.digest != ev.sha256:
+        return f"manifest digest {manifest.digest[:12]} differs from the reported {ev.sha256[:12]}"
+    if manifest.step != ev.step or manifest.attempt != ev.attempt:
         return f"the manifest says step {manifest.step} of attempt {manifest.attempt}, the event another"
     return None
 

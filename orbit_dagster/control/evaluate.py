@@ -16,6 +16,7 @@ from typing import Callable
 
 from ..core.bundle import JobBundle
 from ..core.errors import CheckpointIntegrityError, NotFound, OrbitError
+from ..core.host_contract import Entry, Evaluation
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
 from ..providers.base import InstanceHandle, LaunchSpec, Provider
@@ -205,16 +206,21 @@ def _run_on_instances(settings: Settings, ledger: Ledger, bundle: JobBundle, c: 
                      fix="see the log above; `orbit logs JOB` has the whole of it")
 
 
+def _reported(events: list[Entry], metrics: dict | None) -> dict | None:
+    """The metrics of the last `evaluation` record read, else those already had."""
+    return next((e.metrics for e in reversed(events) if isinstance(e, Evaluation)), metrics)
+
+
 def _follow(provider: Provider, handle, *, poll_s: float, timeout_s: float):
     offset, metrics = 0, None
     deadline = time.time() + timeout_s
     while True:
         events, offset = provider.read_events(handle, offset)
-        metrics = next((e.get("metrics") for e in reversed(events) if e.get("type") == "evaluation"), metrics)
+        metrics = _reported(events, metrics)
         status = provider.status(handle)
         if status.state in ("exited", "lost"):
             events, offset = provider.read_events(handle, offset)
-            metrics = next((e.get("metrics") for e in reversed(events) if e.get("type") == "evaluation"), metrics)
+            metrics = _reported(events, metrics)
             return status, metrics
         if time.time() > deadline:
             from ..providers.base import RunStatus

@@ -26,11 +26,12 @@ import threading
 import time
 
 from ..core.errors import ProviderError
+from ..core.host_contract import Checkpoint, Exit, HostEvent
 from ..ledger import Ledger
 
-# Lines of an event stream that make a run worth starting before `follow_every_s`: the end
+# Records of an event stream that make a run worth starting before `follow_every_s`: the end
 # at once, a checkpoint once COLLECT_EVERY_S have passed since the last run read the stream.
-WAKING_EVENTS = {"checkpoint", "exit"}
+WAKING_EVENTS: tuple[type[HostEvent], ...] = (Checkpoint, Exit)
 COLLECT_EVERY_S = 60.0
 
 
@@ -53,7 +54,8 @@ class Watch:
     """
 
     def __init__(self) -> None:
-        self._seen: dict[str, tuple[int, int, set[str]]] = {}  # run_id -> (handed-off offset, read to, seen)
+        # run_id -> (handed-off offset, read to, the waking record types seen)
+        self._seen: dict[str, tuple[int, int, set[type[HostEvent]]]] = {}
         self._lock = threading.Lock()
 
     def wants_run(self, provider, row: dict, handle, *, every_s: float, now: float | None = None) -> str | None:
@@ -67,17 +69,17 @@ class Watch:
             base, read_to, seen = self._seen.get(row["run_id"], (start, start, set()))
         if base != start:  # a run took it up and handed it back since: read from its offset
             read_to, seen = start, set()
-        if "exit" not in seen:
+        if Exit not in seen:
             try:
                 events, read_to = provider.read_events(handle, read_to)
             except (OSError, ProviderError):
                 return None  # out of reach now: its status says when it is lost, the clock when to look
-            seen = seen | {ev.get("type") for ev in events if isinstance(ev, dict)} & WAKING_EVENTS
+            seen = seen | {type(ev) for ev in events if isinstance(ev, WAKING_EVENTS)}  # refusals wake nothing
         with self._lock:
             self._seen[row["run_id"]] = (start, read_to, seen)
-        if "exit" in seen:
+        if Exit in seen:
             return "its workload ended"
-        if "checkpoint" in seen and age >= min(COLLECT_EVERY_S, every_s):
+        if Checkpoint in seen and age >= min(COLLECT_EVERY_S, every_s):
             return "it wrote a checkpoint"
         return None
 

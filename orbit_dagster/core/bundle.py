@@ -28,8 +28,11 @@ from .templates import TaskTemplate
 SCHEMA_VERSION = 1
 HASHED_DIRS = ("inputs", "scripts", "runtime")
 # The runtime agent and the checkpoint store code travel inside the bundle, so a host needs
-# only Python and torch: it never imports the control plane.
+# only Python and torch: it never imports the control plane. Of core/, only the host
+# contract (the event records the agent writes; stdlib only) and core's import-free
+# __init__ travel with them.
 RUNTIME_PACKAGES = ("runtime", "storage")
+RUNTIME_CORE_FILES = ("__init__.py", "host_contract.py")
 
 
 class JobSpec(BaseModel):
@@ -118,9 +121,12 @@ def verify_bundle(path: Path, manifest: dict | None = None) -> str:
 def _copy_runtime(dest: Path) -> None:
     pkg_root = Path(str(importlib_resources.files("orbit_dagster")))
     (dest / "orbit_dagster").mkdir(parents=True)
-    (dest / "orbit_dagster" / "__init__.py").write_text('"""Host-side copy: runtime and storage only."""\n')
+    (dest / "orbit_dagster" / "__init__.py").write_text('"""Host-side copy: runtime, storage and the host contract only."""\n')
     for name in RUNTIME_PACKAGES:
         shutil.copytree(pkg_root / name, dest / "orbit_dagster" / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (dest / "orbit_dagster" / "core").mkdir()
+    for name in RUNTIME_CORE_FILES:
+        shutil.copy2(pkg_root / "core" / name, dest / "orbit_dagster" / "core" / name)
 
 
 def build_bundle(

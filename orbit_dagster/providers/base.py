@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.execution import Resources
+from ..core.host_contract import Checkpoint, Entry
 from ..core.offers import Offer
 
 
@@ -104,7 +105,9 @@ class Provider(Protocol):
 
     def status(self, run: RunHandle) -> RunStatus: ...
 
-    def read_events(self, run: RunHandle, offset: int) -> tuple[list[dict], int]: ...
+    # The host contract's records (and refusals, core/host_contract.py) of the whole lines after
+    # byte `offset` of the attempt's event file, and the offset after them.
+    def read_events(self, run: RunHandle, offset: int) -> tuple[list[Entry], int]: ...
 
     def logs(self, run: RunHandle, tail_lines: int = 200) -> str: ...
 
@@ -126,7 +129,7 @@ class Provider(Protocol):
     # whose hosts write straight into the control plane's store (sim; any host with S3)
     # returns its arguments unchanged; one whose hosts write to their own disk (an SSH box
     # with the `fs` store) copies the files across, verifying every sha256.
-    def localize_checkpoint(self, run: RunHandle, event: dict, store_uri: str) -> dict: ...
+    def localize_checkpoint(self, run: RunHandle, event: Checkpoint, store_uri: str) -> Checkpoint: ...
 
     def stage_checkpoint(self, instance: InstanceHandle, uri: str) -> str: ...
 

@@ -1,9 +1,10 @@
-"""Pieces every provider shares: the agent's command line and the event-file reader."""
+"""Pieces every provider shares: the agent's command line and the event-file reader (the host contract's)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..core.execution import Resources
+from ..core.host_contract import READ_MAX, Entry, read_file
 from ..core.offers import Offer
 from .base import LaunchSpec
 
@@ -31,25 +32,14 @@ def agent_argv(python: str, bundle: Path, workdir: Path, spec: LaunchSpec, metad
     return argv + list(spec.extra_args)
 
 
-EVENTS_READ_MAX = 4 << 20  # bytes per call: a host's file is read in bounded steps, the rest next poll
+EVENTS_READ_MAX = READ_MAX  # bytes per call: a host's file is read in bounded steps, the rest next poll
 
 
-def read_event_file(path: Path, offset: int) -> tuple[list[dict], int]:
-    """Whole event lines after byte `offset` (at most EVENTS_READ_MAX bytes of them), and the
-    offset after the last whole line. A line longer than that is no event: skipped."""
-    from ..runtime.events import parse_events
-
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            chunk = fh.read(EVENTS_READ_MAX)
-    except FileNotFoundError:
-        return [], offset
-    end = chunk.rfind(b"\n") + 1
-    if end == 0 and len(chunk) == EVENTS_READ_MAX:  # no line ends in a full read: a line too long to be an event
-        return [], offset + len(chunk)
-    events, _ = parse_events(chunk[:end].decode("utf-8", errors="replace"))
-    return events, offset + end
+def read_event_file(path: Path, offset: int) -> tuple[list[Entry], int]:
+    """The host-contract records (and refusals) of the whole event lines after byte `offset`
+    (at most EVENTS_READ_MAX bytes of them), and the offset after the last whole line. A line
+    longer than that is no event: refused, and skipped."""
+    return read_file(path, offset, limit=EVENTS_READ_MAX)
 
 
 def offer_fits(offer: Offer, r: Resources) -> bool:

@@ -18,6 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
+from ..core.host_contract import Exit, Notice, Probe, Started
 from .events import EVENTS_FILE, EventWriter
 from .notices import NoticeWatcher
 
@@ -175,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     # Watch for the reclaim from the first instant: a SIGTERM during start-up is a notice too.
     watcher = NoticeWatcher(args.metadata_url, poll_s=args.notice_poll)
-    watcher.on_notice = lambda notice: events.emit("notice", **notice)
+    watcher.on_notice = lambda notice: events.emit(Notice(**notice))
     watcher.install_sigterm()
     watcher.start()
     try:
@@ -191,11 +192,11 @@ def run(args: argparse.Namespace) -> int:
         threads = int(template.get("resources", {}).get("cpu_threads", 1))
         torch.set_num_threads(threads)  # pinned: 1 and 2 threads give different weights
         info = precheck(bundle, artifacts, bundle_hash)
-        events.emit("started", task=args.task, attempt=args.attempt, precheck=info, pid=os.getpid())
+        events.emit(Started(task=args.task, attempt=args.attempt, precheck=info, pid=os.getpid()))
         if args.probe:
             from .probe import measure_matmul_tflops
 
-            events.emit("probe", **measure_matmul_tflops(seconds=0.5))
+            events.emit(Probe(**measure_matmul_tflops(seconds=0.5)))
 
         from ..storage import open_store
         from .sdk import RunContext
@@ -221,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
             from .sdk import Preempted
 
             raise Preempted("reclaim notice before the workload started")
-        watcher.on_notice = lambda notice: (events.emit("notice", **notice), ctx.on_notice_timeout(args.notice_grace))
+        watcher.on_notice = lambda notice: (events.emit(Notice(**notice)), ctx.on_notice_timeout(args.notice_grace))
         entry = template["entrypoint"] if args.task == "train" else (template.get("eval") or {}).get("entrypoint", "eval.py")
         module = load_entrypoint(bundle, entry)
         result = module.main(ctx)
@@ -230,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
         ctx.close()
         code, reason = EXIT_OK, "completed"
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else EXIT_USER_ERROR
+        code = int(exc.code) if isinstance(exc.code, int) else EXIT_USER_ERROR
         reason = f"exit {code}"
     except BaseException as exc:  # noqa: BLE001 - every failure is classified and reported
         code, reason = classify_exception(exc)
@@ -247,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
             exit_info["last_step"] = ctx.last_step
         # On a full disk these writes may fail too: the exit code alone then carries the
         # failure class to the host (74: infrastructure), so it must still be the one returned.
-        _best_effort(lambda: events.emit("exit", **exit_info))
+        _best_effort(lambda: events.emit(Exit(**exit_info)))
         _best_effort(lambda: _write_exit(artifacts, exit_info))
     return code
 
@@ -262,7 +263,7 @@ def _write_exit(artifacts: Path, exit_info: dict) -> None:
 def _best_effort(write) -> None:
     try:
         write()
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a record the host contract refuses
         print(f"orbit agent: could not write its exit record ({exc}); the exit code still says it", file=sys.stderr)
 
 

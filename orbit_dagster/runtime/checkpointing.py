@@ -28,6 +28,7 @@ import torch
 from ..storage.base import CheckpointManifest, CheckpointStore, checkpoint_dir_name
 from . import delta as D
 from .encoding import encode, has_cuda, stage, weights_digest
+from ..core.host_contract import Checkpoint
 from .events import EventWriter
 
 __all__ = ["STATE_FILE", "MEMORY_BUDGET", "Checkpointer", "weights_digest"]  # weights_digest: the control plane's too
@@ -229,8 +230,7 @@ class Checkpointer:
         self.save_seconds.append(seconds)
         if tier == "durable":
             self.last_durable_step = max(step, self.last_durable_step or 0)
-        self.events.emit(
-            "checkpoint",
+        self.events.emit(Checkpoint(
             step=step,
             tier=tier,
             uri=uri,
@@ -245,7 +245,7 @@ class Checkpointer:
             attempt=self.attempt,
             source=source or None,
             **(extra or {}),
-        )
+        ))
         return uri
 
     def flush(self) -> None:

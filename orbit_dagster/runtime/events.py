@@ -1,9 +1,11 @@
 """The event channel from host to control plane: an append-only JSON-lines file.
 
-The control plane reads it from an offset while the run is alive (and after a reconnect,
-from where it stopped), so the host never needs the control plane to be up. Each line is
-flushed and fsynced: a line is either whole or absent after a crash; a reader ignores a
-trailing partial line until it is completed.
+Each line is a record of the host contract (orbit_dagster/core/host_contract.py: the
+kinds, their fields, the contract version), encoded by it. The control plane reads the
+file from an offset while the run is alive (and after a reconnect, from where it
+stopped), so the host never needs the control plane to be up. Each line is flushed and
+fsynced: a line is either whole or absent after a crash; a reader leaves a trailing
+partial line until it is completed.
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ import threading
 import time
 from pathlib import Path
 
-EVENTS_FILE = "events.jsonl"
+from ..core.host_contract import EVENTS_FILE, HostEvent, encode, fields_of, stamp
+
+__all__ = ["EVENTS_FILE", "EventWriter", "readable"]
 
 
 class EventWriter:
@@ -24,28 +28,30 @@ class EventWriter:
         self._seq = self._last_seq()
 
     def _last_seq(self) -> int:
+        """The last line's number (a restarted agent continues the file's numbering)."""
         if not self.path.exists():
             return 0
         seq = 0
-        for line in self.path.read_text().splitlines():
+        for line in self.path.read_bytes().splitlines():
             try:
                 seq = max(seq, int(json.loads(line).get("seq", 0)))
-            except (ValueError, AttributeError):
+            except (ValueError, TypeError, AttributeError, RecursionError, OverflowError):
                 continue
         return seq
 
-    def emit(self, type_: str, **fields) -> dict:
+    def emit(self, event: HostEvent) -> HostEvent:
+        """Append one record (numbered and timed here); returns it as written."""
         with self._lock:
             self._seq += 1
-            event = {"seq": self._seq, "ts": time.time(), "type": type_, **fields}
-            line = json.dumps(event, sort_keys=True, default=str) + "\n"
+            event = stamp(event, seq=self._seq, ts=time.time())
+            line = encode(event)
             with open(self.path, "a") as fh:
                 fh.write(line)
                 fh.flush()
                 os.fsync(fh.fileno())
             # The same, readable, in the workload's log (`orbit logs JOB`): metric values shown.
-            print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(event['ts']))}Z {type_} {readable(fields)}",
-                  flush=True)
+            print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(event.ts))}Z {event.KIND} "
+                  f"{readable(fields_of(event))}", flush=True)
             return event
 
 
@@ -64,19 +70,3 @@ def readable(fields: dict) -> str:
         else:
             parts.append(f"{k}={_value(v)}")
     return " ".join(parts)
-
-
-def parse_events(chunk: str) -> tuple[list[dict], int]:
-    """Whole lines of `chunk` as events, and how many characters they used."""
-    events, used = [], 0
-    for line in chunk.splitlines(keepends=True):
-        if not line.endswith("\n"):
-            break
-        used += len(line)
-        line = line.strip()
-        if line:
-            try:
-                events.append(json.loads(line))
-            except (ValueError, RecursionError):  # garbage, or nested thousands deep: skipped
-                continue
-    return events, used

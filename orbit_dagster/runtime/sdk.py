@@ -12,6 +12,7 @@ in `ctx.autocast()` and calls `ctx.deterministic()` before building anything.
 from __future__ import annotations
 
 import math
+import operator
 import shutil
 import threading
 import time
@@ -24,6 +25,7 @@ from ..storage.base import CheckpointStore
 from . import device as devices
 from .checkpointing import STATE_FILE, Checkpointer
 from .delta import DELTA_KEY, apply_delta, is_delta
+from ..core.host_contract import Device, Evaluation, Loaded, Metrics, Progress, Resumed
 from .events import EventWriter
 from .notices import NoticeWatcher
 
@@ -84,7 +86,7 @@ class RunContext:
         # Chosen before any workload code runs (DeviceError, a user error, when ORBIT_DEVICE
         # names a device this host lacks).
         self.device_plan = devices.plan()
-        events.emit("device", **self.device_plan.describe())
+        events.emit(Device(**self.device_plan.describe()))
         self.checkpointer = (
             Checkpointer(store, events, job_id=self.job_id, attempt=attempt, parent_uri=resume_from) if store else None
         )
@@ -126,7 +128,8 @@ class RunContext:
         if is_delta(state):  # an emergency delta: its base first, then the changed leaves
             base = self._load(state[DELTA_KEY]["base"], f"{purpose}-base")
             state = apply_delta(base, state)
-        self.events.emit("resumed" if purpose == "resume" else "loaded", uri=uri, step=manifest.step, tier=manifest.tier)
+        kind = Resumed if purpose == "resume" else Loaded
+        self.events.emit(kind(uri=uri, step=manifest.step, tier=manifest.tier))
         return state
 
     def resume_state(self) -> dict[str, Any] | None:
@@ -143,7 +146,7 @@ class RunContext:
         for k, v in metrics.items():
             v = float(v)
             if math.isnan(v) or math.isinf(v):
-                self.events.emit("metrics", step=step, values={k: str(v)})
+                self.events.emit(Metrics(step=step, values={k: v}))  # written as "nan"/"inf"
                 raise Diverged(f"metric {k} is {v} at step {step}")
             self._pending_metrics.setdefault(k, []).append(v)
 
@@ -153,11 +156,12 @@ class RunContext:
             # The mean since the last report: a smoother figure than one noisy batch.
             self._last_metrics = {k: sum(v) / len(v) for k, v in self._pending_metrics.items()}
             self._pending_metrics = {}
-            self.events.emit("metrics", step=step, values=self._last_metrics)
+            self.events.emit(Metrics(step=step, values=self._last_metrics))
         return dict(self._last_metrics)
 
     def step_done(self, step: int, state_fn: StateFn, metrics: dict[str, float] | None = None, *, final: bool = False) -> None:
-        """Call after each optimiser step; `step` counts completed steps."""
+        """Call after each optimiser step; `step` counts completed steps (an integer: numpy's too)."""
+        step = operator.index(step)  # the host contract's steps are integers: a float step fails here, named
         if metrics:
             self.log_metrics(step, metrics)
         with self._step_lock:
@@ -170,12 +174,12 @@ class RunContext:
             if ck is None:
                 return
             if self.watcher.pending:
-                self.events.emit("progress", step=step)
+                self.events.emit(Progress(step=step))
                 ck.save_emergency(step, state_fn(), self._flush_metrics(step), source=self.watcher.source)
                 self._emergency_done.set()
                 raise Preempted(f"reclaim notice ({self.watcher.source}); emergency checkpoint at step {step}")
             if final or step % self.checkpoint_every == 0:
-                self.events.emit("progress", step=step)
+                self.events.emit(Progress(step=step))
                 ck.save_durable_async(step, state_fn(), self._flush_metrics(step))
             elif step % self.memory_every == 0:
                 ck.snapshot_memory(step, state_fn(), self._last_metrics)
@@ -207,7 +211,7 @@ class RunContext:
 
     def report_eval(self, metrics: dict[str, float]) -> None:
         self.eval_metrics = {k: float(v) for k, v in metrics.items()}
-        self.events.emit("evaluation", metrics=self.eval_metrics, checkpoint=self.eval_checkpoint)
+        self.events.emit(Evaluation(metrics=self.eval_metrics, checkpoint=self.eval_checkpoint))
 
     def close(self) -> None:
         if self.checkpointer:

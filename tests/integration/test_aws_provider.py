@@ -22,6 +22,7 @@ import pytest
 from orbit_dagster.catalog.aws import SpotPrice
 from orbit_dagster.core.bundle import build_bundle
 from orbit_dagster.core.errors import HostKeyMismatch, ProviderError
+from orbit_dagster.core.host_contract import Entry, Metrics, Notice
 from orbit_dagster.core.execution import Resources
 from orbit_dagster.core.offers import Offer
 from orbit_dagster.core.submission import TaskSubmission, apply_overrides
@@ -77,7 +78,7 @@ def small_bundle(root: Path, job_id: str, **extra):
     return build_bundle(t.model_copy(update={"config": cfg}), TaskSubmission(template=t.name), job_id, root / "bundles")
 
 
-def follow(provider, run, timeout_s: float = 120) -> tuple[RunStatus, list[dict]]:
+def follow(provider, run, timeout_s: float = 120) -> tuple[RunStatus, list[Entry]]:
     events, offset, deadline = [], 0, time.time() + timeout_s
     while time.time() < deadline:
         new, offset = provider.read_events(run, offset)
@@ -268,7 +269,7 @@ def test_a_metadata_notice_makes_the_agent_save_an_emergency_checkpoint_into_s3(
     assert hosted.host_store_uri(inst, store_uri) == store_uri  # the host writes to S3 itself
     run = hosted.launch(inst, bundle.path, LaunchSpec(store_uri=store_uri))
     offset, events = 0, []
-    while not any(e["type"] == "metrics" for e in events):  # training runs
+    while not any(isinstance(e, Metrics) for e in events):  # training runs
         new, offset = hosted.read_events(run, offset)
         events += new
         assert hosted.status(run).state in ("starting", "running"), hosted.logs(run, 40)
@@ -280,8 +281,8 @@ def test_a_metadata_notice_makes_the_agent_save_an_emergency_checkpoint_into_s3(
     ec2_host.metadata.schedule(in_seconds=120)  # what AWS serves two minutes before a reclaim
     status, events = follow(hosted, run, timeout_s=60)
     assert (status.state, status.exit_code, status.failure_class) == ("exited", 75, "reclaim"), status
-    notice = next(e for e in events if e["type"] == "notice")
-    assert notice["source"] == "metadata" and notice["deadline"] > time.time()
+    notice = next(e for e in events if isinstance(e, Notice))
+    assert notice.source == "metadata" and notice.deadline > time.time()
     store = open_store(store_uri)
     saved = [store.verify(u) for u in store.list("job-rec")]
     assert [m.tier for m in saved] == ["emergency"]

@@ -17,6 +17,7 @@ from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.handoff import Watch
 from orbit_dagster.control.providers import provider_for
 from orbit_dagster.control.reconcile import decide
+from orbit_dagster.core.host_contract import Metrics
 from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import cancel, submit
 from orbit_dagster.ledger import records as R
@@ -106,7 +107,7 @@ def test_a_reclaim_while_handed_off_resumes_from_the_emergency_checkpoint(settin
     handle = RunHandle.model_validate_json(R.run(ledger, R.run_id_for(job, 1))["handle"])
     # No run reads its metrics meanwhile: the host's own event file says how far it got.
     provider = provider_for(settings, "sim_host_process")
-    wait_for(lambda: any(ev.get("type") == "metrics" and ev.get("step", 0) >= 15
+    wait_for(lambda: any(isinstance(ev, Metrics) and ev.step >= 15
                          for ev in provider.read_events(handle, 0)[0]), timeout=120)
     provider.inject_reclaim(handle.instance, in_seconds=6, notice_seconds=5)
     until_settled(settings, job, Watch())

@@ -24,6 +24,7 @@ from orbit_dagster.core.errors import (
     Throttled,
 )
 from orbit_dagster.core.execution import Resources
+from orbit_dagster.core.host_contract import Checkpoint, Exit, Metrics, Notice, Rejected, Resumed, Started
 from orbit_dagster.providers.base import InstanceHandle, LaunchSpec, RunHandle
 from orbit_dagster.providers.ssh.provider import SshProvider
 from orbit_dagster.storage.fs import FsStore
@@ -110,24 +111,25 @@ def test_life_cycle_stage_resumably_run_localize_resume_collect_terminate(ssh_in
     status = wait_ended(p, run)
     assert (status.state, status.exit_code, status.failure_class) == ("exited", 99, "user_error")
     events, offset = p.read_events(run, 0)
-    assert events[0]["type"] == "started" and "exit" in [e["type"] for e in events]
-    assert events[0]["precheck"]["cuda_visible_devices"] == "0"
-    ckpt = [e for e in events if e["type"] == "checkpoint"]
-    assert [e["step"] for e in ckpt] == [4] and ckpt[0]["uri"].startswith(spec.store_uri)
+    assert isinstance(events[0], Started) and any(isinstance(e, Exit) for e in events)
+    assert not [e for e in events if isinstance(e, Rejected)]  # every line the agent wrote is of the contract
+    assert events[0].precheck["cuda_visible_devices"] == "0"
+    ckpt = [e for e in events if isinstance(e, Checkpoint)]
+    assert [e.step for e in ckpt] == [4] and ckpt[0].uri.startswith(spec.store_uri)
 
     local = p.localize_checkpoint(run, ckpt[0], store.root_uri)
-    assert local["uri"] == store.uri_for("job-agent", "step-000000004-a1")
-    assert store.verify(local["uri"]).digest == ckpt[0]["sha256"]
+    assert local.uri == store.uri_for("job-agent", "step-000000004-a1")
+    assert store.verify(local.uri).digest == ckpt[0].sha256
 
     # read_events returns whole lines only: a partial line waits for its newline.
     events_file = Path(run.run_ref) / "artifacts" / "events.jsonl"
     with open(events_file, "ab") as fh:
-        fh.write(b'{"seq": 999, "type": "notice"')
+        fh.write(b'{"seq": 999, "type": "notice", "source": "sigterm", "deadline": null, "received_at": 1.0')
     assert p.read_events(run, offset) == ([], offset)
     with open(events_file, "ab") as fh:
         fh.write(b"}\n")
     tail, end = p.read_events(run, offset)
-    assert [e["seq"] for e in tail] == [999] and end == events_file.stat().st_size
+    assert [(type(e), e.seq) for e in tail] == [(Notice, 999)] and end == events_file.stat().st_size
 
     got = {f.name for f in p.collect(run, tmp_path / "collected")}
     assert {"events.jsonl", "exit.json", "exit_code", "agent.log"} <= got
@@ -138,17 +140,17 @@ def test_life_cycle_stage_resumably_run_localize_resume_collect_terminate(ssh_in
     # Attempt 2 on a new lease resumes from the localized checkpoint, staged back to the host.
     inst2 = p.provision(one_gpu(p), tags={})
     assert inst2.gpu_slots == (0,)  # the first lease's slot was freed
-    staged = p.stage_checkpoint(inst2, local["uri"])
+    staged = p.stage_checkpoint(inst2, local.uri)
     assert staged == (Path(inst2.address["run_root"]) / "checkpoints/job-agent/step-000000004-a1").as_uri()
-    assert FsStore(p.host_store_uri(inst2, store.root_uri)).verify(staged).digest == ckpt[0]["sha256"]
+    assert FsStore(p.host_store_uri(inst2, store.root_uri)).verify(staged).digest == ckpt[0].sha256
     spec2 = LaunchSpec(attempt=2, store_uri=p.host_store_uri(inst2, store.root_uri), resume_from=staged)
     run2 = p.launch(inst2, bundle.path, spec2)
     assert wait_ended(p, run2).exit_code == 0
     events2, _ = p.read_events(run2, 0)
-    assert [e["step"] for e in events2 if e["type"] == "resumed"] == [4]
-    final = [e for e in events2 if e["type"] == "checkpoint"][-1]
-    assert final["step"] == 12
-    assert store.verify(p.localize_checkpoint(run2, final, store.root_uri)["uri"]).step == 12
+    assert [e.step for e in events2 if isinstance(e, Resumed)] == [4]
+    final = [e for e in events2 if isinstance(e, Checkpoint)][-1]
+    assert final.step == 12
+    assert store.verify(p.localize_checkpoint(run2, final, store.root_uri).uri).step == 12
     p.terminate(inst2, "done")
 
 
@@ -163,7 +165,7 @@ def test_dropped_connection_reattaches_without_a_second_launch_and_a_killed_work
     spec = LaunchSpec(store_uri=p.host_store_uri(inst, (tmp_path / "store").as_uri()),
                       secret_env=("ORBIT_TEST_TOKEN",))
     run = p.launch(inst, bundle.path, spec)
-    wait_for(lambda: any(e["type"] == "metrics" for e in p.read_events(run, 0)[0]), 90, what="first metrics")
+    wait_for(lambda: any(isinstance(e, Metrics) for e in p.read_events(run, 0)[0]), 90, what="first metrics")
     remote_bundle = str(Path(inst.address["run_root"]) / "bundle")
     [agent] = agent_pids(remote_bundle)
     # The secret reached the workload's environment, and nothing else: not argv, not a file, not the handle.
@@ -218,9 +220,9 @@ def test_gpu_slots_are_exclusive_across_control_plane_processes(ssh_inventory, t
     runs = [p.launch(lease, bundle.path, LaunchSpec(store_uri=p.host_store_uri(lease, "file:///unused")))
             for lease in leases]
     for r in runs:  # training: the agent handles SIGTERM from here on
-        wait_for(lambda r=r: any(e["type"] == "metrics" for e in p.read_events(r, 0)[0]), 90, what="first metrics")
-    started = [[e for e in p.read_events(r, 0)[0] if e["type"] == "started"][0] for r in runs]
-    assert sorted(e["precheck"]["cuda_visible_devices"] for e in started) == ["0", "1"]
+        wait_for(lambda r=r: any(isinstance(e, Metrics) for e in p.read_events(r, 0)[0]), 90, what="first metrics")
+    started = [[e for e in p.read_events(r, 0)[0] if isinstance(e, Started)][0] for r in runs]
+    assert sorted(e.precheck["cuda_visible_devices"] for e in started) == ["0", "1"]
     p.terminate(leases[0], "done")  # SIGTERM: the agent checkpoints and exits as preempted
     status = p.status(runs[0])
     assert (status.state, status.exit_code) == ("exited", 75), status

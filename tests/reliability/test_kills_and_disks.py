@@ -15,6 +15,7 @@ from orbit_dagster.control.reconcile import reconcile
 from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
 from orbit_dagster.ledger import records as R
+from orbit_dagster.core.host_contract import Checkpoint, Progress, Rejected
 from orbit_dagster.providers.common import read_event_file
 from orbit_dagster.storage import open_store
 from orbit_dagster.storage.base import CheckpointManifest
@@ -52,7 +53,7 @@ def test_sigkill_of_the_workload_mid_checkpoint_write(tmp_path):
     for d in job_dir.iterdir():
         assert d.name.startswith(".tmp-") or (d / "manifest.json").is_file(), d.name
     events, offset = read_event_file(work / "artifacts" / "events.jsonl", 0)
-    reported = {e["uri"] for e in events if e.get("type") == "checkpoint"}
+    reported = {e.uri for e in events if isinstance(e, Checkpoint)}
     assert reported <= set(listed)  # an event is written only after its checkpoint is whole
     # The killed writer's temp dirs: invisible now, and swept once older than a live write can be.
     leftovers = list(job_dir.glob(".tmp-*"))
@@ -67,19 +68,21 @@ def test_sigkill_of_the_workload_mid_checkpoint_write(tmp_path):
 
 
 @pytest.mark.fault("an events.jsonl line torn mid-way (the host died writing it), garbage lines, then the rest",
-                   expect="a torn line is not read until whole, then once; garbage skipped")
+                   expect="a torn line is not read until whole, then once; garbage refused by name and skipped")
 def test_a_torn_event_line_is_read_once_and_only_when_whole(tmp_path):
     path = tmp_path / "events.jsonl"
     whole = '{"seq": 1, "type": "metrics", "step": 1, "values": {"train/loss": 3.0}}\n'
-    torn = '{"seq": 2, "type": "checkpoint", "step": 4, "uri": "file:///x", "sha2'
+    torn = '{"seq": 2, "type": "checkpoint", "step": 4, "tier": "durable", "attempt": 1, "bytes": 3, "uri": "file:///x", "sha2'
     path.write_text(whole + torn)
     events, offset = read_event_file(path, 0)
-    assert [e["seq"] for e in events] == [1] and offset == len(whole)
+    assert [e.seq for e in events] == [1] and offset == len(whole)
     assert read_event_file(path, offset) == ([], offset)  # still torn: nothing, the offset stays
     with open(path, "a") as fh:
         fh.write('56": "ab"}\n' + "\x00\x01 not json\n" + '{"seq": 3, "type": "progress", "step": 5}\n')
     events, offset = read_event_file(path, offset)
-    assert [e["seq"] for e in events] == [2, 3] and events[0]["sha256"] == "ab"
+    assert [type(e) for e in events] == [Checkpoint, Rejected, Progress]
+    assert [events[0].seq, events[2].seq] == [2, 3] and events[0].sha256 == "ab"
+    assert events[1].reason == "not a JSON line (JSONDecodeError)"  # the follower records it (event_rejected)
     assert offset == path.stat().st_size and read_event_file(path, offset) == ([], offset)
 
 

@@ -21,6 +21,7 @@ import pytest
 from dagster._core.scheduler.instigation import InstigatorType
 
 from orbit_dagster.control.providers import provider_for
+from orbit_dagster.core.host_contract import Metrics
 from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
 from orbit_dagster.deploy.instance import Daemon, dagster_instance, ensure_dagster_home, wait_for_daemon
@@ -235,7 +236,7 @@ def inject_reclaims(ledger, provider, reclaimed: set[str]) -> None:
             continue
         handle = RunHandle.model_validate_json(row["handle"])
         events, _ = provider.read_events(handle, 0)
-        if max((ev.get("step", 0) for ev in events if ev.get("type") == "metrics"), default=0) >= 40:
+        if max((ev.step for ev in events if isinstance(ev, Metrics)), default=0) >= 40:
             provider.inject_reclaim(handle.instance, in_seconds=3, notice_seconds=2)
             reclaimed.add(row["job_id"])
             say(f"reclaim injected into {row['job_id']}")

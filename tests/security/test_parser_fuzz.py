@@ -270,8 +270,10 @@ def test_the_agents_eval_path_reports_real_metrics_or_fails_as_a_user_error(tmp_
     except BaseException as exc:  # noqa: BLE001 - the agent classifies every failure
         assert FAILURE_CLASS[classify_exception(exc)[0]] == "user_error"
         return
+    from orbit_dagster.core.host_contract import Evaluation
+
     events, _ = read_event_file(work / "events.jsonl", 0)
-    reported = next((e.get("metrics") for e in reversed(events) if e.get("type") == "evaluation"), None)
+    reported = next((e.metrics for e in reversed(events) if isinstance(e, Evaluation)), None)
     try:  # what control/evaluate.py::_run_on_instances does with it
         out = valid_metrics(reported)
     except OrbitError:
@@ -290,7 +292,8 @@ host_events = st.lists(st.dictionaries(
 
 @pytest.mark.fault("hypothesis: event lines a rented host writes (metrics, progress, checkpoints) read by the "
                    "run that follows the attempt",
-                   expect="bad lines are skipped or recorded; the run never dies of them; no NaN stored")
+                   expect="bad lines are refused by the host contract and recorded; the run never dies of them; "
+                          "no NaN stored")
 @SLOW_FUZZ
 @given(events=host_events)
 @example(events=[{"type": "metrics", "step": "x", "values": {"train/loss": 1.0}}])
@@ -299,6 +302,7 @@ host_events = st.lists(st.dictionaries(
 def test_host_event_lines_never_kill_the_run_following_the_attempt(tmp_path_factory, events):
     from orbit_dagster.control.attempt import AttemptMonitor
     from orbit_dagster.control.context import NullReporter
+    from orbit_dagster.core.host_contract import read_chunk
     from orbit_dagster.settings import Settings
 
     class Host:  # the provider's side is not under test: the files are where the events say
@@ -315,7 +319,11 @@ def test_host_event_lines_never_kill_the_run_following_the_attempt(tmp_path_fact
     monitor = AttemptMonitor(settings, ledger, Host(), Handle(), NullReporter(), job_id="job-fuzz", run_id="job-fuzz#1",
                              store_uri=settings.store_uri, lineage="L1-fuzz", experiment="fuzz", eval_suite=None)
     try:
-        monitor._on_events(events)
+        # The lines as a host writes them, through the reader every provider uses.
+        chunk = "".join(json.dumps(e) + "\n" for e in events).encode()
+        entries, offset = read_chunk(chunk, 0)
+        assert offset == len(chunk) and len(entries) == len(events)
+        monitor._on_events(entries)
         monitor.flush_metrics()
     except OrbitError:
         pass

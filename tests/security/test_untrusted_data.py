@@ -230,7 +230,9 @@ def test_read_bounded_stops_at_the_declared_size_plus_one_byte(tmp_path):
 
 def test_host_event_files_are_read_in_bounded_steps_and_hostile_lines_are_skipped(tmp_path):
     """Old code: the whole rest of events.jsonl was read at each poll, and a line nested
-    thousands deep raised RecursionError out of the reader."""
+    thousands deep raised RecursionError out of the reader. Hostile lines are refused by
+    name (the follower records them), never raised."""
+    from orbit_dagster.core.host_contract import Progress, Rejected
     from orbit_dagster.providers.common import read_event_file
 
     EVENTS_READ_MAX = 4 << 20  # what one poll may read (as the SSH provider reads)
@@ -245,7 +247,10 @@ def test_host_event_files_are_read_in_bounded_steps_and_hostile_lines_are_skippe
         assert new - offset <= EVENTS_READ_MAX
         events += got
         offset, calls = new, calls + 1
-    assert events == [json.loads(good)] and offset == path.stat().st_size
+    assert [e for e in events if not isinstance(e, Rejected)] == [Progress(seq=1, step=3)]
+    assert offset == path.stat().st_size
+    reasons = [e.reason for e in events if isinstance(e, Rejected)]
+    assert reasons[0] == f"a line longer than {EVENTS_READ_MAX} bytes" and "not a JSON line (RecursionError)" in reasons
 
 
 # ---- NUL bytes and hostile shapes are refusals ----------------------------------------------

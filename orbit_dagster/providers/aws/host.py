@@ -25,6 +25,7 @@ import yaml
 
 from ...core import safe_yaml
 from ...core.errors import NetworkError, ProviderError
+from ...core.host_contract import Checkpoint, Entry
 from ...core.offers import Offer
 from ...runtime.notices import parse_notice_time
 from ..base import InstanceHandle, LaunchSpec, Notice, RunHandle, RunStatus
@@ -161,7 +162,7 @@ class SshHostTransport:
     def status(self, run: RunHandle) -> RunStatus:
         return self.ssh.status(run)
 
-    def read_events(self, run: RunHandle, offset: int) -> tuple[list[dict], int]:
+    def read_events(self, run: RunHandle, offset: int) -> tuple[list[Entry], int]:
         return self.ssh.read_events(run, offset)
 
     def logs(self, run: RunHandle, tail_lines: int = 200) -> str:
@@ -173,7 +174,7 @@ class SshHostTransport:
     def reattach(self, run: RunHandle) -> RunHandle | None:
         return self.ssh.reattach(run)
 
-    def localize_checkpoint(self, run: RunHandle, event: dict, store_uri: str) -> dict:
+    def localize_checkpoint(self, run: RunHandle, event: Checkpoint, store_uri: str) -> Checkpoint:
         return self.ssh.localize_checkpoint(run, event, store_uri)
 
     def stage_checkpoint(self, instance: InstanceHandle, uri: str) -> str:

@@ -26,6 +26,7 @@ from ...catalog import as_utc
 from ...catalog.aws import SpotPrice
 from ...core.errors import NetworkError, ProviderError, ResourceNotFound
 from ...core.execution import Resources
+from ...core.host_contract import Checkpoint, Entry
 from ...core.offers import Offer
 from .bootstrap import Bootstrap, new_ed25519, opens_to_everyone, user_data
 from .ec2 import Ec2Api
@@ -263,7 +264,7 @@ class AwsSpotProvider:
         why = code or ((inst or {}).get("StateReason") or {}).get("Message") or f"instance {state}"
         return RunStatus(state="lost", failure_class="reclaim", reason=f"aws instance {state}: {why}")
 
-    def read_events(self, run: RunHandle, offset: int) -> tuple[list[dict], int]:
+    def read_events(self, run: RunHandle, offset: int) -> tuple[list[Entry], int]:
         try:
             return self.transport.read_events(run, offset)
         except NetworkError:
@@ -283,7 +284,7 @@ class AwsSpotProvider:
         return self.transport.reattach(run)
 
     # ---- checkpoints: S3 written by the host; an fs store's files cross over SFTP ------------
-    def localize_checkpoint(self, run: RunHandle, event: dict, store_uri: str) -> dict:
+    def localize_checkpoint(self, run: RunHandle, event: Checkpoint, store_uri: str) -> Checkpoint:
         return self.transport.localize_checkpoint(run, event, store_uri)
 
     def stage_checkpoint(self, instance: InstanceHandle, uri: str) -> str:

@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from ...core.host_contract import EVENTS_FILE, STEP_EVENTS, read_file
 from ..jsonfiles import write_json
 
 TICK_S = 0.05
@@ -164,22 +165,13 @@ class Host:
         stream shows the step (read incrementally, every tick)."""
         if self.reclaim_step is None:
             return
-        events = self.work / "artifacts" / "events.jsonl"
-        try:
-            with open(events, "rb") as fh:
-                fh.seek(self._events_offset)
-                chunk = fh.read()
+        try:  # a line still being written waits for the next tick
+            entries, self._events_offset = read_file(self.work / "artifacts" / EVENTS_FILE, self._events_offset)
         except OSError:
             return
-        whole = chunk[:chunk.rfind(b"\n") + 1]  # a line still being written waits for the next tick
-        self._events_offset += len(whole)
         step, notice = self.reclaim_step
-        for line in whole.splitlines():
-            try:
-                seen = json.loads(line).get("step")
-            except (ValueError, AttributeError):
-                continue
-            if isinstance(seen, int) and seen >= step:
+        for ev in entries:
+            if isinstance(ev, STEP_EVENTS) and ev.step >= step:
                 now = time.time()
                 self._reclaim(now + notice, notice)
                 self.reclaim_step = None

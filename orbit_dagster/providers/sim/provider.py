@@ -23,6 +23,7 @@ from typing import Protocol
 
 from ...core.errors import NoCapacity, ResourceNotFound
 from ...core.execution import Resources
+from ...core.host_contract import Checkpoint, Entry
 from ...core.offers import Offer
 from ..base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
 from ..common import agent_argv, offer_fits, read_event_file
@@ -289,7 +290,7 @@ class SimProvider:
             return RunStatus(state="lost", failure_class="reclaim", reason=state.get("reason") or "host lost (no heartbeat)")
         return RunStatus(state="running" if (d / "child.json").exists() else "starting")
 
-    def read_events(self, run: RunHandle, offset: int) -> tuple[list[dict], int]:
+    def read_events(self, run: RunHandle, offset: int) -> tuple[list[Entry], int]:
         return read_event_file(Path(run.run_ref) / "artifacts" / "events.jsonl", offset)
 
     def logs(self, run: RunHandle, tail_lines: int = 200) -> str:
@@ -329,7 +330,7 @@ class SimProvider:
         return run if self.status(run).state in ("starting", "running", "exited") else None
 
     # Sim hosts share this machine's filesystem: they write straight into the store.
-    def localize_checkpoint(self, run: RunHandle, event: dict, store_uri: str) -> dict:  # noqa: ARG002
+    def localize_checkpoint(self, run: RunHandle, event: Checkpoint, store_uri: str) -> Checkpoint:  # noqa: ARG002
         return event
 
     def stage_checkpoint(self, instance: InstanceHandle, uri: str) -> str:  # noqa: ARG002

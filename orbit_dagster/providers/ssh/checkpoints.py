@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlparse
 import paramiko
 
 from ...core.errors import ProviderError
+from ...core.host_contract import Checkpoint
 from ...storage.base import MANIFEST, CheckpointManifest, StoreError, checkpoint_dir_name
 from ...storage.fs import FsStore
 
@@ -55,14 +56,14 @@ def mkdirs(sftp: paramiko.SFTPClient, path: str) -> None:
             sftp.stat(p)  # made meanwhile by another process: fine; else this raises
 
 
-def remote_dir_of(event: dict, host_store_uri: str) -> str:
+def remote_dir_of(event: Checkpoint, host_store_uri: str) -> str:
     """The checkpoint dir an event names, after checking it is `<host store>/<job>/step-N`."""
-    remote, base = posixpath.normpath(uri_path(str(event.get("uri", "")))), uri_path(host_store_uri).rstrip("/")
+    remote, base = posixpath.normpath(uri_path(event.uri)), uri_path(host_store_uri).rstrip("/")
     rel = PurePosixPath(remote).relative_to(base) if remote.startswith(base + "/") else None  # after normpath: no ..
     if rel is None or len(rel.parts) != 2 or not _JOB.match(rel.parts[0]):
-        raise _bad(f"checkpoint uri {event.get('uri')!r} is not under the host's store {host_store_uri}")
-    if rel.parts[1] != checkpoint_dir_name(int(event.get("step", -1)), int(event.get("attempt") or 0)):
-        raise _bad(f"checkpoint uri {event.get('uri')!r} does not match its step {event.get('step')}")
+        raise _bad(f"checkpoint uri {event.uri!r} is not under the host's store {host_store_uri}")
+    if rel.parts[1] != checkpoint_dir_name(event.step, event.attempt):
+        raise _bad(f"checkpoint uri {event.uri!r} does not match its step {event.step}")
     return posixpath.join(base, *rel.parts)
 
 

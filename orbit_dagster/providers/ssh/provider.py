@@ -16,7 +16,7 @@ import json
 import posixpath
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -25,6 +25,7 @@ import paramiko
 
 from ...core.errors import NetworkError, NoCapacity, ProviderError, QuotaExceeded, ResourceNotFound
 from ...core.execution import Resources
+from ...core.host_contract import EVENTS_FILE, READ_MAX, Checkpoint, Entry, read_chunk
 from ...core.offers import Offer
 from ..base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
 from ..common import agent_argv
@@ -35,7 +36,7 @@ from ..jsonfiles import read_json as _read_json, write_json as _write_json
 from ...settings import secrets as forwarded_secrets
 
 LAUNCH_WINDOW_S = 60.0  # a claimed run with no wrapper pid is starting for this long, then lost
-EVENTS_READ_MAX = 4 << 20  # bytes per read_events call: bounded memory, the rest comes next poll
+EVENTS_READ_MAX = READ_MAX  # bytes per read_events call: bounded memory, the rest comes next poll
 
 
 def _ts(x: float | None) -> datetime | None:
@@ -305,15 +306,11 @@ class SshProvider:
 
         return self.hosts.do(name, f"read {rel}", read)
 
-    def read_events(self, run: RunHandle, offset: int) -> tuple[list[dict], int]:
-        from ...runtime.events import parse_events
-
-        chunk, _ = self._read_tail(run, "artifacts/events.jsonl", offset, EVENTS_READ_MAX)
-        end = chunk.rfind(b"\n") + 1  # whole lines only: a partial last line is read next time
-        if end == 0 and len(chunk) >= EVENTS_READ_MAX:  # no line ends in a full read: too long to be an event
-            return [], offset + len(chunk)  # skipped, or the follower would stop here for good
-        events, _ = parse_events(chunk[:end].decode("utf-8", errors="replace"))
-        return events, offset + end
+    def read_events(self, run: RunHandle, offset: int) -> tuple[list[Entry], int]:
+        # Whole lines only (a partial last line is read next time); a full read with no newline
+        # is a line too long to be an event: refused and skipped (see host_contract.read_chunk).
+        chunk, _ = self._read_tail(run, f"artifacts/{EVENTS_FILE}", offset, EVENTS_READ_MAX)
+        return read_chunk(chunk, offset, limit=EVENTS_READ_MAX)
 
     def logs(self, run: RunHandle, tail_lines: int = 200) -> str:
         chunk, _ = self._read_tail(run, "agent.log", None, 256 << 10)
@@ -347,17 +344,15 @@ class SshProvider:
             return store_uri
         return PurePosixPath(instance.address["run_root"], "checkpoints").as_uri()
 
-    def localize_checkpoint(self, run: RunHandle, event: dict, store_uri: str) -> dict:
-        if store_uri.startswith("s3://") or str(event.get("uri", "")).startswith("s3://"):
+    def localize_checkpoint(self, run: RunHandle, event: Checkpoint, store_uri: str) -> Checkpoint:
+        if store_uri.startswith("s3://") or event.uri.startswith("s3://"):
             return event
         name, host_store = run.instance.address["host"], self.host_store_uri(run.instance, store_uri)
         remote = remote_dir_of(event, host_store)
         local = self.hosts.do(name, "copy checkpoint",
                               lambda c: fetch_checkpoint(self.hosts.sftp(name, c), remote, store_uri))
-        out = {**event, "uri": local}
-        if event.get("parent"):
-            out["parent"] = rewrite_uri(event["parent"], host_store, store_uri)
-        return out
+        parent = rewrite_uri(event.parent, host_store, store_uri) if event.parent else event.parent
+        return replace(event, uri=local, parent=parent)
 
     def stage_checkpoint(self, instance: InstanceHandle, uri: str) -> str:
         if uri.startswith("s3://"):

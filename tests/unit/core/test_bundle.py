@@ -25,6 +25,12 @@ def test_layout_and_manifest(bundle):
     assert "artifacts" not in " ".join(manifest["files"])
 
 
+def test_the_host_contract_travels_in_the_bundle_and_nothing_else_of_core(bundle):
+    core = bundle.path / "runtime" / "orbit_dagster" / "core"
+    assert sorted(f.name for f in core.iterdir()) == ["__init__.py", "host_contract.py"]
+    assert "runtime/orbit_dagster/core/host_contract.py" in json.loads((bundle.path / "manifest.json").read_text())["files"]
+
+
 def test_job_json_freezes_template_request_and_provenance(bundle):
     spec = JobBundle.load(bundle.path).spec
     assert spec.template_snapshot["name"] == "charlm-finetune"

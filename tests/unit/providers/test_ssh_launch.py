@@ -9,6 +9,7 @@ from orbit_dagster.core.errors import ProviderError
 from orbit_dagster.providers.base import LaunchSpec
 from orbit_dagster.providers.common import agent_argv
 from orbit_dagster.providers.ssh.provider import docker_argv, run_status
+from orbit_dagster.core.host_contract import Checkpoint
 from orbit_dagster.providers.ssh.checkpoints import _safe_rel, remote_dir_of, rewrite_uri
 
 
@@ -58,17 +59,19 @@ def test_an_exit_file_wins_over_a_dead_process():
 
 def test_checkpoint_paths_from_a_host_are_checked_before_use(tmp_path):
     store = "file:///w/l1/checkpoints"
-    ok = {"uri": "file:///w/l1/checkpoints/job-a/step-000000004-a1", "step": 4, "attempt": 1}
+
+    def event(uri: str) -> Checkpoint:
+        return Checkpoint(uri=uri, step=4, attempt=1, tier="durable", sha256="0" * 64, bytes=1)
+
+    ok = event("file:///w/l1/checkpoints/job-a/step-000000004-a1")
     assert remote_dir_of(ok, store) == "/w/l1/checkpoints/job-a/step-000000004-a1"
-    for bad in ({"uri": "file:///etc/step-000000004-a1", "step": 4, "attempt": 1},
-                {"uri": "file:///w/l1/checkpoints/../../etc/step-000000004-a1", "step": 4, "attempt": 1},
-                {"uri": "file:///w/l1/checkpoints/job-a/step-000000005-a1", "step": 4, "attempt": 1},
-                {"uri": "file:///w/l1/checkpoints/job-a/x/step-000000004-a1", "step": 4, "attempt": 1}):
+    for bad in ("file:///etc/step-000000004-a1", "file:///w/l1/checkpoints/../../etc/step-000000004-a1",
+                "file:///w/l1/checkpoints/job-a/step-000000005-a1", "file:///w/l1/checkpoints/job-a/x/step-000000004-a1"):
         with pytest.raises(ProviderError):
-            remote_dir_of(bad, store)
+            remote_dir_of(event(bad), store)
     for rel in ("../state.pt", "/etc/passwd", "manifest.json"):
         with pytest.raises(ProviderError):
             _safe_rel(rel)
     local = (tmp_path / "store").as_uri()
-    assert rewrite_uri(ok["uri"], store, local) == (tmp_path / "store/job-a/step-000000004-a1").as_uri()
+    assert rewrite_uri(ok.uri, store, local) == (tmp_path / "store/job-a/step-000000004-a1").as_uri()
     assert rewrite_uri("s3://b/job-a/step-000000004", store, local) == "s3://b/job-a/step-000000004"
