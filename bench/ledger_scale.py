@@ -146,7 +146,7 @@ def sensor_queries(settings: Settings) -> list[tuple[str, Callable[[], object]]]
     from orbit_dagster.control.migration import risk_history
     from orbit_dagster.control.observations import (measured_step_seconds, measured_tflops, observed_reclaims,
                                                     probed_offers)
-    from orbit_dagster.control.offers import measured_save_seconds
+    from orbit_dagster.control.placement import measured_save_seconds
     from orbit_dagster.control.prices import running_train_instances
     from orbit_dagster.control.queue import queued_jobs
     from orbit_dagster.control.reconcile import active_attempts, cancelled_but_running

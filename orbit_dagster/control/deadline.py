@@ -17,7 +17,7 @@ from ..ledger import records as R
 from ..policy.deadline_plan import spot_or_on_demand
 from ..policy.reclaim_rate import RateBook
 from .observations import measured_step_seconds, observed_reclaims
-from .offers import DEFAULT_RESTORE_S, measured_save_seconds
+from .placement import DEFAULT_RESTORE_S, measured_save_seconds
 
 
 def choose(ledger: Ledger, job: dict, template, offer: Offer, *, notice_s: float, done_steps: int,
@@ -25,7 +25,7 @@ def choose(ledger: Ledger, job: dict, template, offer: Offer, *, notice_s: float
     """("spot" | "on_demand", the decision row); ("spot", None) for a job without a deadline.
 
     `notice_s` is on the wall clock; `scale` the market's seconds per wall second
-    (`sim_market.time_scale`): the policy is asked in market time, and `deadline_hours`
+    (`market_clock.time_scale`): the policy is asked in market time, and `deadline_hours`
     are market hours. `now`: the caller's clock reading (default: the wall clock now)."""
     if template.deadline_hours is None or not offer.spot:
         return "spot", None

@@ -28,10 +28,10 @@ from ..providers.base import RunHandle
 from .billing import instance_row, release
 from .context import Attempts, bundle_and_provider
 from .observations import measured_step_seconds
-from .offers import DEFAULT_RESTORE_S, measured_save_seconds, rank_for
+from .placement import DEFAULT_RESTORE_S, measured_save_seconds, rank_for
 from .reconcile import active_attempts
 from ..settings import Settings
-from .sim_market import time_scale
+from .market_clock import time_scale
 
 WINDOWS = 4  # three rises need four windows
 

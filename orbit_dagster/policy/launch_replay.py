@@ -37,7 +37,7 @@ from orbit_dagster.policy.checkpointing import OrbitInterval
 from orbit_dagster.policy.deadline_plan import spot_or_on_demand
 from orbit_dagster.policy.reclaim_rate import NoticeReliability, RateBook
 
-#: The control plane's restore-time prior (control.offers.DEFAULT_RESTORE_S): it measures none.
+#: The control plane's restore-time prior (control.placement.DEFAULT_RESTORE_S): it measures none.
 RESTORE_BELIEF_S = 10.0
 
 

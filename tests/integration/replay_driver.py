@@ -26,11 +26,11 @@ from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
 from orbit_dagster.core.offers import Offer
 from orbit_dagster.control.observations import measured_step_seconds
-from orbit_dagster.control.offers import measured_save_seconds
+from orbit_dagster.control.placement import measured_save_seconds
 from orbit_dagster.ledger import records as R
 from orbit_dagster.policy.launch_replay import Launch, Move, Tick
 from orbit_dagster.providers.sim.provider import SimProvider
-from orbit_dagster.providers.sim.market import MarketConfig, TraceMarket, place_segment, read_market
+from orbit_dagster.providers.sim.market import MarketConfig, TraceReclaims, place_segment, read_market
 
 WORKLOAD = Path(__file__).parent / "paced_workload"
 TEMPLATE = "replay-paced"
@@ -95,7 +95,7 @@ class SegmentRun:
         """The sim provider `control/providers.py` builds, renting this one offer only (so
         that every attempt lands on the placed zone, as the replay's job does)."""
         config = read_market(settings.sim_dir)
-        return SimProvider(settings.sim_dir, offers=[self.offer], schedule=TraceMarket(config),
+        return SimProvider(settings.sim_dir, offers=[self.offer], schedule=TraceReclaims(config),
                            notice_seconds=config.notice_wall_s, market=config)
 
     def trace_time(self, wall: float) -> float:

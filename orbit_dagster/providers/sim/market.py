@@ -81,7 +81,7 @@ def offer_shift(offer_id: str, duration_s: float) -> float:
     return (h % 10_000) / 10_000 * duration_s
 
 
-class TraceMarket:
+class TraceReclaims:
     """A ReclaimSchedule (see providers.sim) that replays traces on the market clock."""
 
     def __init__(self, config: MarketConfig):

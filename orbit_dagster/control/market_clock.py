@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..core.errors import OrbitError
 from ..providers.sim.provider import NoReclaims, ReclaimSchedule
-from ..providers.sim.market import MarketConfig, TraceMarket, ensure_market
+from ..providers.sim.market import MarketConfig, TraceReclaims, ensure_market
 from ..settings import Settings
 
 
@@ -15,7 +15,7 @@ def schedule_for(settings: Settings) -> tuple[ReclaimSchedule, MarketConfig]:
     market = ensure_market(settings.sim_dir, trace_dir=settings.sim_traces, scale=settings.sim_scale,
                            notice_s=settings.sim_notice_seconds)
     if settings.sim_reclaims == "trace":
-        return TraceMarket(market), market
+        return TraceReclaims(market), market
     return NoReclaims(), market
 
 

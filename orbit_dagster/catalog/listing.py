@@ -216,7 +216,7 @@ def offers_table(offers: Iterable[Offer]) -> str:
 
 #: Reclaim notice per provider: AWS's instance-action warning, GCE's preemption notice.
 PROVIDER_NOTICE_S = {"aws": 120.0, "gce": 30.0}
-#: What dispatch assumes before the ledger has measured a save (control/offers.py) and the
+#: What dispatch assumes before the ledger has measured a save (control/placement.py) and the
 #: restore time it ranks with; `orbit offers` uses the same unless told otherwise.
 DISPATCH_SAVE_S = 1.0
 DISPATCH_RESTORE_S = 10.0

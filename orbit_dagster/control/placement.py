@@ -24,7 +24,7 @@ DEFAULT_RESTORE_S = 10.0
 
 def measured_save_seconds(ledger: Ledger, template: str | None = None, scale: float = 1.0) -> float:
     """Median durable save time seen for this template (a prior when none yet), in the market's
-    seconds: a measurement (wall clock) times `scale` (`sim_market.time_scale`); the prior is
+    seconds: a measurement (wall clock) times `scale` (`market_clock.time_scale`); the prior is
     a market figure already."""
     rows = ledger.rows(
         """SELECT c.save_seconds FROM checkpoints c JOIN jobs j ON j.job_id = c.job_id
@@ -46,7 +46,7 @@ def rank_for(ledger: Ledger, provider: Provider, request: ExecutionRequest, *, j
     if measured:
         offers = [o.model_copy(update={"measured_tflops": measured[o.offer_id]}) if o.offer_id in measured else o
                   for o in offers]
-    from .sim_market import time_scale
+    from .market_clock import time_scale
 
     scale = time_scale(provider)  # the policy thinks in market seconds; we measure wall ones
     book = RateBook()

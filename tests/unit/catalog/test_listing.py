@@ -10,7 +10,7 @@ import pytest
 from orbit_dagster.catalog import CatalogError
 from orbit_dagster.catalog.gce import gce_offers
 from orbit_dagster.catalog.gpus import UnknownGpu
-from orbit_dagster.catalog.offers import (MIN_EXPOSURE_HOURS, diff_catalogs, list_offers, offers_command,
+from orbit_dagster.catalog.listing import (MIN_EXPOSURE_HOURS, diff_catalogs, list_offers, offers_command,
                                           offers_json, offers_table, usd_per_effective_tflop_hour, usd_per_gpu_hour)
 
 UTC = timezone.utc
@@ -155,7 +155,7 @@ def test_diff_between_two_real_dates_reports_removals_and_moves():
 
 def test_orbit_offers_shows_the_ranking_dispatch_uses():
     """The first offer `orbit offers` shows is the one rank_offers (dispatch) chooses from the same inputs."""
-    from orbit_dagster.catalog.offers import DISPATCH_RESTORE_S, PROVIDER_NOTICE_S
+    from orbit_dagster.catalog.listing import DISPATCH_RESTORE_S, PROVIDER_NOTICE_S
     from orbit_dagster.policy.offer_choice import rank_offers
     from orbit_dagster.policy.reclaim_rate import RateBook
 
