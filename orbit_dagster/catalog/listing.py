@@ -1,13 +1,13 @@
-"""The offer catalog: every provider's offers in one unit, ranked by $ per effective TFLOP-hour.
+"""The offer listing: every provider's offers in one unit, filtered, with observations folded in.
 
-Ranking price: the offer's market price per GPU-hour (spot where the offer is spot,
-else on-demand) divided by its effective TFLOPS (measured by the probe when known, else
-the Epoch spec). Offers without a price or a TFLOPS figure cannot be ranked and come
-last, by offer id, so the order is total and deterministic.
+A listing, not a ranking: offers come in offer-id order. The order offers are rented in is
+dispatch's (`control.placement.rank_placement`, what `orbit offers` prints). The $ per
+effective TFLOP-hour stays a figure of each row (`offers_json`): the offer's market price per
+GPU-hour (spot where the offer is spot, else on-demand) over its effective TFLOPS (measured
+by the probe when known, else the Epoch spec).
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
 from datetime import datetime
@@ -32,11 +32,6 @@ def usd_per_gpu_hour(offer: Offer) -> float | None:
 def usd_per_effective_tflop_hour(offer: Offer) -> float | None:
     price, tflops = usd_per_gpu_hour(offer), offer.effective_tflops
     return None if price is None or not tflops else price / tflops
-
-
-def _rank_key(offer: Offer) -> tuple:
-    v = usd_per_effective_tflop_hour(offer)
-    return (v is None, v or 0.0, offer.offer_id)
 
 
 def apply_observations(offer: Offer, observed: Mapping | None = None, measured: Mapping | None = None) -> Offer:
@@ -78,7 +73,7 @@ def list_offers(*, gpu: str | None = None, max_price_per_gpu_hour: float | None 
                 observed: Mapping | None = None, measured: Mapping | None = None,
                 aws_spot_prices: list[SpotPrice] | None = None,
                 aws_on_demand_usd_per_hour: dict[tuple[str, str], float] | None = None) -> list[Offer]:
-    """Every offer of `providers` at `at`, filtered, sorted by $ per effective TFLOP-hour.
+    """Every offer of `providers` at `at`, filtered, in offer-id order.
 
     gpu: a model or family (`H100`, `A100` = both sizes, `a100-80gb`); unknown names raise
     UnknownGpu listing the known ones. max_price_per_gpu_hour: keeps offers whose market
@@ -108,7 +103,7 @@ def list_offers(*, gpu: str | None = None, max_price_per_gpu_hour: float | None 
         if max_price_per_gpu_hour is not None and (price is None or price > max_price_per_gpu_hour):
             continue
         out.append(o)
-    return sorted(out, key=_rank_key)
+    return sorted(out, key=lambda o: o.offer_id)
 
 
 # ---- discovery diffs -------------------------------------------------------------------
@@ -158,7 +153,7 @@ def diff_catalogs(old: Iterable[Offer | Mapping], new: Iterable[Offer | Mapping]
                                          e.get("market", "")))
 
 
-# ---- output ----------------------------------------------------------------------------
+# ---- JSON rows (the CLI, the discovery snapshot) ---------------------------------------
 
 def _sig(x: float | None, digits: int = 6) -> float | None:
     return None if x is None else float(f"{x:.{digits}g}")
@@ -185,136 +180,3 @@ def offers_json(offers: Iterable[Offer]) -> list[dict]:
             "price_as_of": o.price_as_of.isoformat() if o.price_as_of else None,
         })
     return rows
-
-
-def _money(x: float | None) -> str:
-    return "-" if x is None else f"{x:.4f}"
-
-
-def offers_table(offers: Iterable[Offer]) -> str:
-    """Fixed-width table for people, with a legend; the row order is the given order."""
-    head = ("#", "offer", "gpu", "n", "$/gpu-h od", "$/gpu-h spot", "tflops", "$/tflop-h", "band", "reliability")
-    rows = []
-    for n, r in enumerate(offers_json(offers), 1):
-        tflops = "-" if r["effective_tflops"] is None else (
-            f"{r['effective_tflops']:.1f}" + ("m" if r["measured_tflops"] is not None else "s"))
-        src = r["reliability_source"] or ""
-        rel = "-" if r["reliability"] is None else f"{r['reliability']:.5f}" + (
-            " prior" if src.startswith("prior") else " obs" if src.startswith("observed") else "")
-        rows.append((str(n), r["offer_id"], r["gpu"], str(r["gpu_count"]), _money(r["usd_per_gpu_hour_on_demand"]),
-                     _money(r["usd_per_gpu_hour_spot"]), tflops, _money(r["usd_per_effective_tflop_hour"]),
-                     r["interruption_band"] or "-", rel))
-    if not rows:
-        return "no offers match"
-    widths = [max(len(x[i]) for x in (head, *rows)) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in (head, *rows)]
-    legend = ("sorted by $ per effective TFLOP-hour (market price: spot where offered, else on-demand); "
-              "tflops per GPU: s = spec (Epoch, dense BF16), m = measured; "
-              "reliability = P(no reclaim in 1 h): prior = from the AWS advisor median, obs = from the ledger")
-    return "\n".join([*lines, "", f"{len(rows)} offers; {legend}"])
-
-
-#: Reclaim notice per provider: AWS's instance-action warning, GCE's preemption notice.
-PROVIDER_NOTICE_S = {"aws": 120.0, "gce": 30.0}
-#: What dispatch assumes before the ledger has measured a save (control/placement.py) and the
-#: restore time it ranks with; `orbit offers` uses the same unless told otherwise.
-DISPATCH_SAVE_S = 1.0
-DISPATCH_RESTORE_S = 10.0
-RANKED_BY = "usd_per_useful_pflop"
-
-
-def ranked_offers(offers: list[Offer], *, observed: Mapping | None = None, save_s: float = DISPATCH_SAVE_S,
-                  restore_s: float = DISPATCH_RESTORE_S, notice_s: float | Mapping[str, float] | None = None,
-                  gpu_count: int = 1) -> tuple[list[dict], list[dict], dict]:
-    """(ranked rows, rows that cannot be ranked, inputs): the ranking dispatch makes, with a reason per position.
-
-    Ranks with ``policy.offer_choice.rank_offers`` given what dispatch gives it: a reclaim-rate
-    book updated with the ledger's observed reclaims and exposure per offer, the save and
-    restore seconds, and each provider's notice.
-    """
-    from orbit_dagster.policy.offer_choice import NoOfferMatches, rank_offers
-    from orbit_dagster.policy.reclaim_rate import RateBook
-
-    book = RateBook()
-    by_id = {o.offer_id: o for o in offers}
-    for offer_id, seen in (observed or {}).items():
-        if offer_id in by_id and by_id[offer_id].spot:
-            reclaims, hours = _check_observed(offer_id, seen)
-            book.for_offer(by_id[offer_id]).observe(int(round(reclaims)), hours * 3600.0)
-    notice = PROVIDER_NOTICE_S if notice_s is None else notice_s
-    try:
-        decision = rank_offers(offers, gpu="any", gpu_count=gpu_count, save_s=save_s, restore_s=restore_s,
-                               notice_s=notice, rates=book)
-        scored, inputs = list(decision.ranked), decision.inputs
-    except NoOfferMatches as err:
-        scored, inputs = [], {"save_s": save_s, "restore_s": restore_s,
-                              "notice_s": dict(notice) if isinstance(notice, Mapping) else notice, "note": str(err)}
-    ranked_ids = {x.offer.offer_id for x in scored}
-    rows = []
-    for pos, (x, row) in enumerate(zip(scored, offers_json([x.offer for x in scored])), 1):
-        rec = x.as_record()
-        rows.append({"rank": pos, **row, "usd_per_hour": rec["usd_per_hour"], "useful_tflops": rec["useful_tflops"],
-                     "goodput": rec["goodput"], "expected_reclaims_per_hour": rec["reclaims_per_hour"],
-                     "rate_source": rec["rate_source"], "notice_s": rec["notice_s"],
-                     "checkpoint_interval_s": rec["checkpoint_interval_s"], RANKED_BY: rec[RANKED_BY],
-                     "reason": rec["reason"]})
-    rest = [o for o in offers if o.offer_id not in ranked_ids]
-    unranked = [{**row, "reason": _why_unranked(o, gpu_count)} for o, row in zip(rest, offers_json(rest))]
-    return rows, unranked, {**inputs, "gpu_count": gpu_count}
-
-
-def _why_unranked(o: Offer, gpu_count: int) -> str:
-    if usd_per_gpu_hour(o) is None:
-        return "not ranked: no price for its market"
-    if not o.effective_tflops:
-        return "not ranked: no TFLOPS figure (spec or probe)"
-    if o.gpu_count < gpu_count:
-        return f"not ranked: {o.gpu_count} GPUs < {gpu_count} asked"
-    return "not ranked: reclaimed too often to make progress"
-
-
-def ranked_table(rows: list[dict], unranked: list[dict], inputs: dict) -> str:
-    """Fixed-width table of the ranking, best first, each position with its reason."""
-    if not rows and not unranked:
-        return "no offers match"
-    head = ("#", "offer", "gpu", "n", "market", "$/h", "tflops", "goodput", "reclaims/h", "$/useful-PFLOP", "reason")
-    lines = [(str(r["rank"]), r["offer_id"], r["gpu"], str(r["gpu_count"]), r["market"], f"{r['usd_per_hour']:.4g}",
-              f"{r['useful_tflops']:.4g}", f"{r['goodput']:.3f}", f"{r['expected_reclaims_per_hour']:.3g}",
-              f"{r[RANKED_BY]:.4g}", r["reason"]) for r in rows]
-    lines += [("-", r["offer_id"], r["gpu"], str(r["gpu_count"]), r["market"], "-", "-", "-", "-", "-", r["reason"])
-              for r in unranked]
-    widths = [max(len(x[i]) for x in (head, *lines)) for i in range(len(head) - 1)]
-    out = ["  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1] for line in (head, *lines)]
-    notice = inputs.get("notice_s")
-    legend = (f"ranked as dispatch ranks (policy.offer_choice.rank_offers): expected $ per useful PFLOP = $/h / "
-              f"(TFLOPS x {inputs.get('gpu_count', 1)} GPU(s) used x goodput); goodput from the offer's reclaim rate "
-              f"(ledger observations over the band prior), save {inputs.get('save_s')} s, restore "
-              f"{inputs.get('restore_s')} s, notice {notice}")
-    return "\n".join([*out, "", f"{len(rows)} ranked, {len(unranked)} not ranked; {legend}"])
-
-
-def offers_command(gpu: str | None = None, max_price: float | None = None, as_json: bool = False, *,
-                   observed: Mapping | None = None, measured: Mapping | None = None,
-                   at: datetime | None = None, save_s: float | None = None, restore_s: float | None = None,
-                   notice_s: float | None = None, gpu_count: int = 1) -> str:
-    """Exactly what `orbit offers [--gpu NAME] [--max-price USD] [--gpu-count N] [--json]` prints.
-
-    The order is dispatch's (``ranked_offers``); the first offer shown is the one dispatch would
-    rent for a job of ``gpu_count`` GPUs. ``notice_s`` None: each provider's own notice.
-    JSON form: ``{"ranked_by": "usd_per_useful_pflop", "inputs": {...}, "offers": [...],
-    "not_ranked": [...]}``, each offer with its ``rank`` and ``reason``.
-    """
-    for name, v in (("save_s", save_s), ("restore_s", restore_s), ("notice_s", notice_s)):
-        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-            raise CatalogError(f"{name} = {v!r} is not a number of seconds >= 0", field=name, value=v,
-                               fix=f"e.g. --{name.replace('_s', '').replace('_', '-')}-seconds 60")
-    if isinstance(gpu_count, bool) or not isinstance(gpu_count, int) or gpu_count < 1:
-        raise CatalogError(f"gpu count {gpu_count!r} is not an integer >= 1", field="gpu_count", value=gpu_count,
-                           fix="e.g. --gpu-count 8")
-    offers = list_offers(gpu=gpu, max_price_per_gpu_hour=max_price, at=at, measured=measured)
-    rows, unranked, inputs = ranked_offers(
-        offers, observed=observed, save_s=DISPATCH_SAVE_S if save_s is None else save_s,
-        restore_s=DISPATCH_RESTORE_S if restore_s is None else restore_s, notice_s=notice_s, gpu_count=gpu_count)
-    if as_json:
-        return json.dumps({"ranked_by": RANKED_BY, "inputs": inputs, "offers": rows, "not_ranked": unranked}, indent=2)
-    return ranked_table(rows, unranked, inputs)

@@ -312,15 +312,16 @@ def sql(query: str, as_json: bool, timeout_s: float | None) -> None:
 def offers(gpu: str | None, max_price: float | None, gpu_count: int, save_seconds: float | None,
            restore_seconds: float | None, notice_seconds: float | None, as_json: bool) -> None:
     """Rentable offers in the order dispatch ranks them (expected $ per useful PFLOP), each with its reason."""
-    from ..catalog.listing import offers_command
-    from ..control.observations import observed_reclaims, measured_tflops
+    from ..control.observations import measured_tflops, observed_reclaims
     from ..control.placement import measured_save_seconds
+    from .offers import offers_document, offers_table
 
     ledger = _settings().ledger()
-    click.echo(offers_command(gpu, max_price, as_json, observed=observed_reclaims(ledger),
-                              measured=measured_tflops(ledger), gpu_count=gpu_count,
-                              save_s=measured_save_seconds(ledger) if save_seconds is None else save_seconds,
-                              restore_s=restore_seconds, notice_s=notice_seconds))
+    doc = offers_document(gpu=gpu, max_price=max_price, gpu_count=gpu_count, observed=observed_reclaims(ledger),
+                          measured=measured_tflops(ledger),
+                          save_s=measured_save_seconds(ledger) if save_seconds is None else save_seconds,
+                          restore_s=restore_seconds, notice_s=notice_seconds)
+    click.echo(json.dumps(doc, indent=2) if as_json else offers_table(doc))
 
 
 @cli.command()
@@ -339,7 +340,7 @@ def simulate(trace: str, policy: str | None, job_hours: float | None, deadline_h
              notice_seconds: float | None, save_seconds: float, restore_seconds: float, notice_miss_rate: float,
              starts: int, as_json: bool) -> None:
     """Replay a spot trace through the policies the control plane uses (deterministic)."""
-    from ..policy.compare import simulate_command, format_result_table
+    from .simulate import format_result_table, simulate_command
 
     result = simulate_command(trace, policy, job_hours, deadline_hours, notice_seconds, save_seconds=save_seconds,
                               restore_seconds=restore_seconds, notice_miss_rate=notice_miss_rate, starts=starts)

@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ...catalog import PROVIDER_NOTICE_S
 from ...catalog.traces import Trace, load_trace, next_available, reclaim_offsets
 from ...core.errors import NoCapacity, OrbitError
 from ...core.offers import Offer
 
-AWS_NOTICE_S = 120.0
-GCP_NOTICE_S = 30.0
+AWS_NOTICE_S = PROVIDER_NOTICE_S["aws"]
 MARKET_FILE = "market.json"
 GENERATED_DAYS = 14
 
@@ -147,30 +147,6 @@ def ensure_market(sim_dir: Path, *, trace_dir: str | None, scale: float, notice_
         raise OrbitError("sim market scale must be > 0", field="ORBIT_SIM_SCALE", value=scale, fix="e.g. 1 or 60")
     return write_market(sim_dir, MarketConfig(epoch_wall=time.time(), trace_offset_s=0.0, scale=scale,
                                               notice_s=notice_s, traces=preemption_traces(trace_dir)))
-
-
-def trace_offer(trace: Trace, *, at_s: float = 0.0) -> Offer:
-    """The offer a trace was measured on, as the sim market rents it: its instance type, zone,
-    interruption band and on-demand price (``catalog.trace_market``), spot at the trace's own
-    price at ``at_s`` (else the type's published figure). One instance of the zone whose
-    replay :func:`place_segment` positions."""
-    from ...catalog.gpus import normalise_gpu_name, offer_spec_fields
-    from ...catalog.reclaim_model import BAND_LABELS, load_reclaim_model
-    from ...catalog.trace_market import ON_DEMAND, TAG_INSTANCE, trace_market
-
-    model = load_reclaim_model()
-    market = trace_market(trace, default_spot_usd_per_hour=model.spot_usd_per_hour,
-                          default_on_demand_usd_per_hour=model.on_demand_usd_per_hour)
-    itype = market.instance_type or "unknown"
-    gpu = normalise_gpu_name(next((acc for (acc, n), t in TAG_INSTANCE.items() if t == itype), "v100"))
-    gpus = max(ON_DEMAND.get(itype, (1,))[0], 1)
-    spot = trace.price_at(int(at_s // trace.gap_seconds), market.spot_usd_per_hour)
-    zone = market.zone or "zone"
-    return Offer(offer_id=f"sim:{itype}:{zone}", provider="sim", instance_type=itype, gpu=gpu, gpu_count=gpus,
-                 region=market.region or zone, zone=zone,
-                 usd_per_gpu_second_on_demand=market.on_demand_usd_per_hour / 3600.0 / gpus,
-                 usd_per_gpu_second_spot=spot / 3600.0 / gpus, **offer_spec_fields(gpu),
-                 interruption_band=BAND_LABELS[market.band] if market.band is not None else None)
 
 
 def place_segment(sim_dir: Path, *, trace_path: str, offer: Offer, at_s: float, scale: float,
