@@ -197,10 +197,14 @@ def ledger_check(as_json: bool) -> None:
 
     Exit 0: consistent; 1: the ledger is sound but disagrees with the disk; 3: the ledger is
     damaged, missing or not this home's. Works (reads only) whatever state the ledger is in."""
-    from ..control.ledger_care import check, format_report, report_json
+    from ..control.ledger_care import check
 
     report = check(_settings())
-    click.echo(report_json(report) if as_json else format_report(report))
+    if as_json:
+        click.echo(json.dumps(report.as_json(), sort_keys=True, default=str))
+    else:  # the summary, then one line per finding (the ledger's own state is in the summary)
+        click.echo("\n".join([report.summary, *(f"  {f.kind}: {f.subject}: {f.detail}" for f in report.findings
+                                                if f.kind != "ledger")]))
     sys.exit(report.exit_code)
 
 
