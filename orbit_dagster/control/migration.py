@@ -159,7 +159,7 @@ def carry_out(settings: Settings, move: dict) -> dict:
 
 
 def consider_migrations(settings: Settings, *, now: datetime | None = None, window_s: float | None = None) -> list[dict]:
-    """Plan and carry out at once (the CLI's and the tests' door; the daemon moves through runs)."""
+    """Plan and carry out at once (the tests' and benches' door; the daemon moves through `rental_job` runs)."""
     return [carry_out(settings, m) for m in plan_migrations(settings, now=now, window_s=window_s)]
 
 

@@ -18,12 +18,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ...catalog import PROVIDER_NOTICE_S
 from ...catalog.traces import Trace, load_trace, next_available, reclaim_offsets
 from ...core.errors import NoCapacity, OrbitError
 from ...core.offers import Offer
 
-AWS_NOTICE_S = PROVIDER_NOTICE_S["aws"]
 MARKET_FILE = "market.json"
 GENERATED_DAYS = 14
 
@@ -147,23 +145,6 @@ def ensure_market(sim_dir: Path, *, trace_dir: str | None, scale: float, notice_
         raise OrbitError("sim market scale must be > 0", field="ORBIT_SIM_SCALE", value=scale, fix="e.g. 1 or 60")
     return write_market(sim_dir, MarketConfig(epoch_wall=time.time(), trace_offset_s=0.0, scale=scale,
                                               notice_s=notice_s, traces=preemption_traces(trace_dir)))
-
-
-def place_segment(sim_dir: Path, *, trace_path: str, offer: Offer, at_s: float, scale: float,
-                  notice_s: float = AWS_NOTICE_S) -> MarketConfig:
-    """Restart the market clock with one trace only, and `offer`'s zone at trace second `at_s`
-    now: from here on the zone is up, down and reclaimed exactly when the trace says,
-    `scale` times faster than the wall clock (the notice too). A replay of a chosen segment,
-    for comparing the control plane with `orbit simulate` on the same stretch of trace."""
-    if not scale > 0:
-        raise OrbitError("sim market scale must be > 0", field="scale", value=scale, fix="e.g. 60 or 180")
-    trace = load_traces_for((str(trace_path),))[0]
-    if not 0 <= at_s < trace.duration_s:
-        raise OrbitError(f"segment start {at_s} s is outside the trace ({trace.duration_s:.0f} s)", field="at_s",
-                         value=at_s, fix="pass a trace second inside the trace")
-    config = MarketConfig(epoch_wall=time.time(), trace_offset_s=0.0, scale=scale, notice_s=notice_s,
-                          traces=(str(trace_path),), zone_offsets={offer.offer_id: at_s})
-    return write_market(sim_dir, config)
 
 
 def price_feed(config: MarketConfig, offers: list[Offer], since_wall: float | None, now_wall: float) -> list[dict]:
