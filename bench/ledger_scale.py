@@ -146,7 +146,7 @@ def sensor_queries(settings: Settings) -> list[tuple[str, Callable[[], object]]]
     from orbit_dagster.control.migration import risk_history
     from orbit_dagster.control.observations import (measured_step_seconds, measured_tflops, observed_reclaims,
                                                     probed_offers)
-    from orbit_dagster.control.offers import measured_save_seconds
+    from orbit_dagster.control.placement import measured_save_seconds
     from orbit_dagster.control.prices import running_train_instances
     from orbit_dagster.control.queue import queued_jobs
     from orbit_dagster.control.reconcile import active_attempts, cancelled_but_running
@@ -181,7 +181,7 @@ def sensor_queries(settings: Settings) -> list[tuple[str, Callable[[], object]]]
         ("dispatch: observations.measured_tflops", lambda: measured_tflops(ledger)),
         ("dispatch: observations.probed_offers", lambda: probed_offers(ledger)),
         ("dispatch: observations.measured_step_seconds", lambda: measured_step_seconds(ledger, "charlm-finetune")),
-        ("dispatch: offers.measured_save_seconds", lambda: measured_save_seconds(ledger, "charlm-finetune")),
+        ("dispatch: placement.measured_save_seconds", lambda: measured_save_seconds(ledger, "charlm-finetune")),
         ("dispatch: dispatch.fleet_notices", lambda: fleet_notices(ledger, "sim")),
         ("DuckDB face: count(*) FROM events", lambda: ledger.query("SELECT count(*) AS n FROM events")),
         ("DuckDB face: cost_by_experiment", lambda: ledger.query("SELECT * FROM cost_by_experiment")),

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 from orbit_dagster.catalog.fit_reclaims import SPLIT_NAME, TRAINING_TRACES, split_traces  # noqa: E402
 from orbit_dagster.catalog.reclaim_model import load_reclaim_model  # noqa: E402
 from orbit_dagster.catalog.traces import load_traces  # noqa: E402
-from orbit_dagster.policy.report import simulate_trace  # noqa: E402
+from orbit_dagster.policy.compare import simulate_trace  # noqa: E402
 
 BEGIN, END = "<!-- policies:begin -->", "<!-- policies:end -->"
 JOB_HOURS = 24.0

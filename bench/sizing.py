@@ -11,7 +11,7 @@
 
     python bench/sizing.py [--jobs 20,200,1000] [--follow 3] [--record docs/benchmarks.md]
 
-PostgreSQL: a throwaway cluster (tests/postgres.py), as in the tests.
+PostgreSQL: a throwaway cluster (bench/pg_cluster.py), as in the tests.
 """
 from __future__ import annotations
 
@@ -176,7 +176,7 @@ def main() -> None:
     ap.add_argument("--follow", type=int, default=3)
     ap.add_argument("--record", default=None)
     args = ap.parse_args()
-    from tests.postgres import PostgresCluster, pg_bin
+    from bench.pg_cluster import PostgresCluster, pg_bin
 
     sizes = [int(x) for x in args.jobs.split(",")]
     cluster = PostgresCluster(pg_bin()).start()

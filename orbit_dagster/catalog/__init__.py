@@ -1,9 +1,10 @@
-"""Offer catalog: GPU specs, provider price tables, reliability, ranking.
+"""Offer catalog: GPU specs, provider price tables, reliability.
 
 Pure code: reads the derived tables shipped in `orbit_dagster/data/` (rebuilt by
 `python -m orbit_dagster.catalog.build_data SHARED_DATA_DIR`) and never imports Dagster,
 boto3 or paramiko. Submodules: `gpus` (names, specs), `gce` and `aws` (provider tables),
-`offers` (assembly, ranking, diffs, CLI output).
+`listing` (assembly, filters, diffs, JSON rows). Ranking offers is dispatch's
+(`control.placement.rank_placement`); printing them is the CLI's (`cli/offers.py`).
 """
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ from importlib import resources
 from pathlib import Path
 
 from orbit_dagster.core.errors import OrbitError
+
+
+#: Reclaim notice per provider, in seconds: AWS's instance-action warning, GCE's preemption
+#: notice. The one copy (the trace market's clouds, the sim market and `orbit offers` read it).
+PROVIDER_NOTICE_S = {"aws": 120.0, "gce": 30.0}
 
 
 class CatalogError(OrbitError):

@@ -23,11 +23,12 @@ import re
 from dataclasses import dataclass, field
 from datetime import date
 
+from orbit_dagster.catalog import PROVIDER_NOTICE_S
 from orbit_dagster.catalog.traces import Trace
 from orbit_dagster.core.errors import OrbitError
 
 #: Reclaim notice per cloud: AWS's instance-action warning and GCP's preemption notice.
-CLOUD_NOTICE_S = {"aws": 120.0, "gcp": 30.0}
+CLOUD_NOTICE_S = {"aws": PROVIDER_NOTICE_S["aws"], "gcp": PROVIDER_NOTICE_S["gce"]}
 
 #: (accelerator tag, count) in a trace name -> instance type (skypilot-org/spot-traces README).
 TAG_INSTANCE = {("v100", 1): "p3.2xlarge", ("v100", 4): "p3.8xlarge", ("v100", 8): "p3.16xlarge",

@@ -197,10 +197,14 @@ def ledger_check(as_json: bool) -> None:
 
     Exit 0: consistent; 1: the ledger is sound but disagrees with the disk; 3: the ledger is
     damaged, missing or not this home's. Works (reads only) whatever state the ledger is in."""
-    from ..control.ledger_care import check, format_report, report_json
+    from ..control.ledger_care import check
 
     report = check(_settings())
-    click.echo(report_json(report) if as_json else format_report(report))
+    if as_json:
+        click.echo(json.dumps(report.as_json(), sort_keys=True, default=str))
+    else:  # the summary, then one line per finding (the ledger's own state is in the summary)
+        click.echo("\n".join([report.summary, *(f"  {f.kind}: {f.subject}: {f.detail}" for f in report.findings
+                                                if f.kind != "ledger")]))
     sys.exit(report.exit_code)
 
 
@@ -311,15 +315,16 @@ def sql(query: str, as_json: bool, timeout_s: float | None) -> None:
 def offers(gpu: str | None, max_price: float | None, gpu_count: int, save_seconds: float | None,
            restore_seconds: float | None, notice_seconds: float | None, as_json: bool) -> None:
     """Rentable offers in the order dispatch ranks them (expected $ per useful PFLOP), each with its reason."""
-    from ..catalog.offers import offers_command
-    from ..control.observations import observed_reclaims, measured_tflops
-    from ..control.offers import measured_save_seconds
+    from ..control.observations import measured_tflops, observed_reclaims
+    from ..control.placement import measured_save_seconds
+    from .offers import offers_document, offers_table
 
     ledger = _settings().ledger()
-    click.echo(offers_command(gpu, max_price, as_json, observed=observed_reclaims(ledger),
-                              measured=measured_tflops(ledger), gpu_count=gpu_count,
-                              save_s=measured_save_seconds(ledger) if save_seconds is None else save_seconds,
-                              restore_s=restore_seconds, notice_s=notice_seconds))
+    doc = offers_document(gpu=gpu, max_price=max_price, gpu_count=gpu_count, observed=observed_reclaims(ledger),
+                          measured=measured_tflops(ledger),
+                          save_s=measured_save_seconds(ledger) if save_seconds is None else save_seconds,
+                          restore_s=restore_seconds, notice_s=notice_seconds)
+    click.echo(json.dumps(doc, indent=2) if as_json else offers_table(doc))
 
 
 @cli.command()
@@ -338,7 +343,7 @@ def simulate(trace: str, policy: str | None, job_hours: float | None, deadline_h
              notice_seconds: float | None, save_seconds: float, restore_seconds: float, notice_miss_rate: float,
              starts: int, as_json: bool) -> None:
     """Replay a spot trace through the policies the control plane uses (deterministic)."""
-    from ..policy.report import simulate_command, format_result_table
+    from .simulate import format_result_table, simulate_command
 
     result = simulate_command(trace, policy, job_hours, deadline_hours, notice_seconds, save_seconds=save_seconds,
                               restore_seconds=restore_seconds, notice_miss_rate=notice_miss_rate, starts=starts)

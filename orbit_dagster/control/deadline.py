@@ -15,9 +15,10 @@ from ..core.offers import Offer, on_demand
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
 from ..policy.deadline_plan import spot_or_on_demand
+from ..policy.offer_choice import RESTORE_PRIOR_S
 from ..policy.reclaim_rate import RateBook
 from .observations import measured_step_seconds, observed_reclaims
-from .offers import DEFAULT_RESTORE_S, measured_save_seconds
+from .placement import measured_save_seconds
 
 
 def choose(ledger: Ledger, job: dict, template, offer: Offer, *, notice_s: float, done_steps: int,
@@ -25,7 +26,7 @@ def choose(ledger: Ledger, job: dict, template, offer: Offer, *, notice_s: float
     """("spot" | "on_demand", the decision row); ("spot", None) for a job without a deadline.
 
     `notice_s` is on the wall clock; `scale` the market's seconds per wall second
-    (`sim_market.time_scale`): the policy is asked in market time, and `deadline_hours`
+    (`market_clock.time_scale`): the policy is asked in market time, and `deadline_hours`
     are market hours. `now`: the caller's clock reading (default: the wall clock now)."""
     if template.deadline_hours is None or not offer.spot:
         return "spot", None
@@ -42,7 +43,7 @@ def choose(ledger: Ledger, job: dict, template, offer: Offer, *, notice_s: float
         book.for_offer(offer).observe(seen[0], seen[1] * 3600.0 * scale)
     d = spot_or_on_demand(work_left_s=work_left_s, time_left_s=time_left_s, spot_available=True, holding=holding,
                           spot_usd_per_hour=offer.usd_per_second * 3600.0,
-                          on_demand_usd_per_hour=od.usd_per_second * 3600.0, restore_s=DEFAULT_RESTORE_S,
+                          on_demand_usd_per_hour=od.usd_per_second * 3600.0, restore_s=RESTORE_PRIOR_S,
                           save_s=measured_save_seconds(ledger, template.name, scale), notice_s=notice_s * scale,
                           mtbf_s=book.for_offer(offer).mtbf_s)
     action = "on_demand" if d.action == "on_demand" else "spot"

@@ -10,7 +10,7 @@ import json
 import os
 from datetime import datetime
 
-from ..catalog.offers import diff_catalogs, list_offers, offers_json
+from ..catalog.listing import diff_catalogs, list_offers, offers_json
 from ..ledger import records as R
 from .observations import measured_tflops, observed_reclaims
 from ..settings import Settings

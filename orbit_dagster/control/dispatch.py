@@ -22,7 +22,7 @@ from . import checkpoints as C
 from .billing import instance_row, release
 from .context import Reporter, bundle_and_provider, eval_suite_for
 from .observations import probed_offers
-from .offers import rank_for
+from .placement import rank_for
 from ..settings import Settings
 
 # An AWS instance can take ~10 minutes to boot; after this the reconciler ends the attempt.
@@ -89,7 +89,7 @@ def _launch(settings: Settings, ledger: Ledger, job: dict, bundle, provider: Pro
                                 notice_s=provider.notice_seconds, template=template.name,
                                 avoid=offers_to_avoid(ledger, job_id))
     from .deadline import choose, on_demand_offers
-    from .sim_market import time_scale
+    from .market_clock import time_scale
 
     market, market_row = choose(ledger, job, template, ranked[0], notice_s=provider.notice_seconds,
                                 done_steps=int(resume["step"]) if resume else 0,
@@ -210,14 +210,14 @@ def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_
     fleet's record of notices, the measured save time and the work left; `young-daly` is
     Daly's interval for the offer's MTBF; `fixed` is the cadence alone. The policy decides at
     launch (the instance's age 0), in seconds of work, turned into steps with the measured
-    step time. Times go to the policy in the market's seconds (`sim_market.time_scale`)."""
+    step time. Times go to the policy in the market's seconds (`market_clock.time_scale`)."""
     import math
 
     from ..policy.checkpointing import OrbitInterval, StaticYoungDaly
     from ..policy.reclaim_rate import RateBook
-    from .offers import measured_save_seconds
+    from .placement import measured_save_seconds
     from .observations import measured_step_seconds, observed_reclaims
-    from .sim_market import time_scale
+    from .market_clock import time_scale
 
     scale = time_scale(provider)
     book = RateBook()

@@ -24,7 +24,7 @@ from .billing import instance_row, release
 from .checkpoints import check_against_ledger
 from .context import NullReporter, Reporter
 from .dispatch import provision_first
-from .offers import rank_for
+from .placement import rank_for
 from .providers import provider_for
 from ..settings import Settings
 

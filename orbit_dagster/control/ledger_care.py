@@ -21,7 +21,6 @@ sound but disagrees with the disk, 3 the ledger is unusable (`EXIT_*` below).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -263,13 +262,3 @@ def _checkpoint_findings(settings: Settings, checkpoints: list[DiskCheckpoint], 
         if row["deleted_at"] is None and _in_scope(uri, roots) and uri not in on_disk:
             out.append(Finding("checkpoint_missing", row["checkpoint_key"], f"its files at {uri} are gone"))
     return out
-
-
-def format_report(report: CheckReport) -> str:
-    lines = [report.summary]
-    lines += [f"  {f.kind}: {f.subject}: {f.detail}" for f in report.findings if f.kind != "ledger"]
-    return "\n".join(lines)
-
-
-def report_json(report: CheckReport) -> str:
-    return json.dumps(report.as_json(), sort_keys=True, default=str)

@@ -23,15 +23,16 @@ from ..core.offers import Offer, on_demand
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
 from ..policy.migration import risk_rising, should_migrate
+from ..policy.offer_choice import RESTORE_PRIOR_S
 from ..policy.reclaim_rate import ReclaimRateEstimator
 from ..providers.base import RunHandle
 from .billing import instance_row, release
 from .context import Attempts, bundle_and_provider
 from .observations import measured_step_seconds
-from .offers import DEFAULT_RESTORE_S, measured_save_seconds, rank_for
+from .placement import measured_save_seconds, rank_for
 from .reconcile import active_attempts
 from ..settings import Settings
-from .sim_market import time_scale
+from .market_clock import time_scale
 
 WINDOWS = 4  # three rises need four windows
 
@@ -100,7 +101,7 @@ def plan_migrations(settings: Settings, *, now: datetime | None = None, window_s
         decision = should_migrate(history, remaining_work_s=remaining_s, current=current, target=target,
                                   target_rate_per_hour=target_rate,
                                   save_s=measured_save_seconds(ledger, template.name, scale),
-                                  restore_s=DEFAULT_RESTORE_S, notice_s=provider.notice_seconds * scale)
+                                  restore_s=RESTORE_PRIOR_S, notice_s=provider.notice_seconds * scale)
         window = int(now.timestamp() // window_s)
         ledger.commit({"decisions": [{
             "decision_id": f"migration:{row['run_id']}:{window}", "job_id": job_id, "attempt": attempt,
@@ -158,7 +159,7 @@ def carry_out(settings: Settings, move: dict) -> dict:
 
 
 def consider_migrations(settings: Settings, *, now: datetime | None = None, window_s: float | None = None) -> list[dict]:
-    """Plan and carry out at once (the CLI's and the tests' door; the daemon moves through runs)."""
+    """Plan and carry out at once (the tests' and benches' door; the daemon moves through `rental_job` runs)."""
     return [carry_out(settings, m) for m in plan_migrations(settings, now=now, window_s=window_s)]
 
 

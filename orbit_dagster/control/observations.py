@@ -41,7 +41,7 @@ DEFAULT_STEP_S = 0.2
 
 def measured_step_seconds(ledger: Ledger, template: str | None = None, scale: float = 1.0) -> float:
     """Median seconds per training step of this template's recent runs (a prior when none), in
-    the market's seconds: the measurement (wall clock) times `scale` (`sim_market.time_scale`).
+    the market's seconds: the measurement (wall clock) times `scale` (`market_clock.time_scale`).
 
     From consecutive training metric points of one run: (Δtime / Δstep)."""
     # The newest runs of the template only: the answer must not cost more as history grows.

@@ -12,7 +12,7 @@ from ..settings import Settings
 
 def _sim(settings: Settings) -> Provider:
     from ..providers.sim.provider import SimProvider
-    from .sim_market import schedule_for
+    from .market_clock import schedule_for
 
     schedule, market = schedule_for(settings)
     return SimProvider(settings.sim_dir, schedule=schedule, notice_seconds=market.notice_wall_s, market=market)

@@ -47,15 +47,6 @@ INFRA_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.ENETUN
                 errno.ETIMEDOUT, errno.EHOSTUNREACH}
 
 
-def class_of_exit(code: int | None, *, killed_by_signal: bool = False) -> FailureClass | None:
-    """The class of a workload's end from its exit code; a signal with no report is a lost host."""
-    if killed_by_signal or (code is not None and code < 0):
-        return FailureClass.RECLAIM
-    if code is None:
-        return FailureClass.RECLAIM
-    return EXIT_CLASSES.get(code, FailureClass.INFRASTRUCTURE)
-
-
 def retried_as_interruption(failure_class: str | None) -> bool:
     """Does an attempt that ended with this class get a new attempt from its last checkpoint?"""
     return failure_class in (FailureClass.RECLAIM.value, FailureClass.INFRASTRUCTURE.value,

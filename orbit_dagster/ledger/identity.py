@@ -247,11 +247,11 @@ def read_id(ledger) -> str | None:
 
 def admit(ledger, *, home: Path | None = None, accept: bool = False, note: str | None = None) -> Verdict:
     """Open-time checks and the ledger's creation: refuse what `inspect` refuses, create a new
-    ledger (atomically, `migrations.migrate`), migrate an older one, record what is adopted.
+    ledger (atomically, `migrations.upgrade_schema`), migrate an older one, record what is adopted.
     `accept` (`orbit ledger repair`): a missing, unclaimed or (PostgreSQL) other ledger is
     taken as the home's from now on; a damaged file is still refused (repair moves it aside).
     `note` goes into the record beside the id an entry named before."""
-    from .migrations import LATEST, migrate, refuse_legacy_home
+    from .migrations import LATEST, upgrade_schema, refuse_legacy_home
 
     refuse_legacy_home(ledger)
     home = Path(home) if home is not None else ledger.home
@@ -263,7 +263,7 @@ def admit(ledger, *, home: Path | None = None, accept: bool = False, note: str |
 
         ensure_database(ledger.url)  # a team's first use makes the database
     if verdict.version != LATEST or not verdict.ledger_id:
-        migrate(ledger)  # (a ledger at LATEST may still lack a version written in between: migrate applies it)
+        upgrade_schema(ledger)  # (a ledger at LATEST may still lack a version written in between: upgrade_schema applies it)
     if home is not None and verdict.state != "ok":
         ledger_id = verdict.ledger_id or read_id(ledger)
         if ledger_id is None:

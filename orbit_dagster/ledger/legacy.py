@@ -129,10 +129,10 @@ def upgrade(ledger_dir: Path, url: str) -> dict[str, int]:
     target = segments.with_name("segments.bak")
     segments.rename(target)  # the new ledger may now open; the old one is kept, untouched
     try:
-        from .migrations import migrate
+        from .migrations import upgrade_schema
 
         ledger = Ledger(url)
-        migrate(ledger)
+        upgrade_schema(ledger)
         if ledger.scalar("SELECT count(*) FROM jobs"):
             raise OrbitError(f"the ledger at {ledger.display} already holds jobs", field="ledger",
                              fix="upgrade into an empty ledger")

@@ -159,7 +159,7 @@ def _create_sqlite(path: Path) -> None:
             Path(f"{tmp}{suffix}").unlink(missing_ok=True)
 
 
-def migrate(ledger: Ledger) -> int:
+def upgrade_schema(ledger: Ledger) -> int:
     """Bring the ledger to LATEST; returns the version it was at (0: made now)."""
     refuse_legacy_home(ledger)
     if ledger.path is not None:

@@ -69,14 +69,6 @@ def verdicts(instance: dg.DagsterInstance, ledger: Ledger, records: list[dg.RunR
     return out
 
 
-def working_runs(instance: dg.DagsterInstance, ledger: Ledger, filters: dg.RunsFilter, *,
-                 timeout_s: float = liveness.DEFAULT_TIMEOUT_S) -> list[dg.DagsterRun]:
-    """Runs matching `filters` (in progress) whose worker lives and works, or has yet to start."""
-    records = list(instance.get_run_records(filters))
-    judged = verdicts(instance, ledger, records, timeout_s=timeout_s)
-    return [r.dagster_run for r in records if judged[r.dagster_run.run_id].working]
-
-
 def in_flight_tags(instance: dg.DagsterInstance) -> list[dict[str, str]]:
     """The tags of every run queued, in progress or being cancelled (one storage query)."""
     statuses = [*IN_PROGRESS, dg.DagsterRunStatus.CANCELING]

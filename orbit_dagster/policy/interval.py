@@ -38,13 +38,6 @@ def _check(name: str, value: float, *, positive: bool) -> None:
         raise OrbitError(f"{name} must be {need}", field=name, value=value, fix=f"pass a number of seconds {need}")
 
 
-def young_interval(mtbf_s: float, save_s: float) -> float:
-    """Young's first-order optimum sqrt(2 * save * MTBF)."""
-    _check("mtbf_s", mtbf_s, positive=True)
-    _check("save_s", save_s, positive=False)
-    return math.sqrt(2.0 * save_s * mtbf_s)
-
-
 def daly_interval(mtbf_s: float, save_s: float) -> float:
     """Daly's (2006) higher-order optimum sqrt(2 d M)(1 + sqrt(d/2M)/3 + d/18M) - d.
 

@@ -25,6 +25,11 @@ from orbit_dagster.policy.interval import checkpoint_interval, emergency_covered
 from orbit_dagster.policy.reclaim_rate import RateBook, ReclaimRateEstimator
 
 POLICY_VERSION = "offer-choice/1"
+#: What dispatch assumes before the ledger has measured a durable save of a template, and the
+#: restore time it ranks with (it measures none), in market seconds. The one copy: dispatch,
+#: `orbit offers`, the deadline and migration decisions and the launch replay all read these.
+SAVE_PRIOR_S = 1.0
+RESTORE_PRIOR_S = 10.0
 
 
 class NoOfferMatches(OrbitError):

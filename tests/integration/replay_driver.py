@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from orbit_dagster.catalog import PROVIDER_NOTICE_S
+from orbit_dagster.catalog.gpus import normalise_gpu_name, offer_spec_fields
+from orbit_dagster.catalog.reclaim_model import BAND_LABELS, load_reclaim_model
+from orbit_dagster.catalog.trace_market import ON_DEMAND, TAG_INSTANCE, trace_market
 from orbit_dagster.catalog.traces import Trace, load_trace, next_available, reclaim_offsets
 from orbit_dagster.control import attempt as attempt_module
 from orbit_dagster.control.attempt import run_attempt
@@ -26,11 +30,12 @@ from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
 from orbit_dagster.core.offers import Offer
 from orbit_dagster.control.observations import measured_step_seconds
-from orbit_dagster.control.offers import measured_save_seconds
+from orbit_dagster.control.placement import measured_save_seconds
 from orbit_dagster.ledger import records as R
-from orbit_dagster.policy.launch_replay import Launch, Move, Tick
 from orbit_dagster.providers.sim.provider import SimProvider
-from orbit_dagster.providers.sim.market import MarketConfig, TraceMarket, place_segment, read_market
+from orbit_dagster.core.errors import OrbitError
+from orbit_dagster.providers.sim.market import MarketConfig, TraceReclaims, load_traces_for, read_market, write_market
+from tests.launch_replay import Launch, Move, Tick
 
 WORKLOAD = Path(__file__).parent / "paced_workload"
 TEMPLATE = "replay-paced"
@@ -38,6 +43,43 @@ FINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 # A decision tick reads the work done from the ledger, which the follow loop writes every 2 s:
 # the tick records what it read and decides in one go, never between a read and a write.
 LEDGER_VIEW = threading.Lock()
+
+
+def trace_offer(trace: Trace, *, at_s: float = 0.0) -> Offer:
+    """The offer a trace was measured on, as the sim market rents it: its instance type, zone,
+    interruption band and on-demand price (``catalog.trace_market``), spot at the trace's own
+    price at ``at_s`` (else the type's published figure). One instance of the zone whose
+    replay `place_segment` positions."""
+    model = load_reclaim_model()
+    market = trace_market(trace, default_spot_usd_per_hour=model.spot_usd_per_hour,
+                          default_on_demand_usd_per_hour=model.on_demand_usd_per_hour)
+    itype = market.instance_type or "unknown"
+    gpu = normalise_gpu_name(next((acc for (acc, n), t in TAG_INSTANCE.items() if t == itype), "v100"))
+    gpus = max(ON_DEMAND.get(itype, (1,))[0], 1)
+    spot = trace.price_at(int(at_s // trace.gap_seconds), market.spot_usd_per_hour)
+    zone = market.zone or "zone"
+    return Offer(offer_id=f"sim:{itype}:{zone}", provider="sim", instance_type=itype, gpu=gpu, gpu_count=gpus,
+                 region=market.region or zone, zone=zone,
+                 usd_per_gpu_second_on_demand=market.on_demand_usd_per_hour / 3600.0 / gpus,
+                 usd_per_gpu_second_spot=spot / 3600.0 / gpus, **offer_spec_fields(gpu),
+                 interruption_band=BAND_LABELS[market.band] if market.band is not None else None)
+
+
+def place_segment(sim_dir: Path, *, trace_path: str, offer: Offer, at_s: float, scale: float,
+                  notice_s: float = PROVIDER_NOTICE_S["aws"]) -> MarketConfig:
+    """Restart the market clock with one trace only, and `offer`'s zone at trace second `at_s`
+    now: from here on the zone is up, down and reclaimed exactly when the trace says,
+    `scale` times faster than the wall clock (the notice too). A replay of a chosen segment,
+    for comparing the control plane with `orbit simulate` on the same stretch of trace."""
+    if not scale > 0:
+        raise OrbitError("sim market scale must be > 0", field="scale", value=scale, fix="e.g. 60 or 180")
+    trace = load_traces_for((str(trace_path),))[0]
+    if not 0 <= at_s < trace.duration_s:
+        raise OrbitError(f"segment start {at_s} s is outside the trace ({trace.duration_s:.0f} s)", field="at_s",
+                         value=at_s, fix="pass a trace second inside the trace")
+    config = MarketConfig(epoch_wall=time.time(), trace_offset_s=0.0, scale=scale, notice_s=notice_s,
+                          traces=(str(trace_path),), zone_offsets={offer.offer_id: at_s})
+    return write_market(sim_dir, config)
 
 
 def serialise_metric_flushes(monkeypatch) -> None:
@@ -95,7 +137,7 @@ class SegmentRun:
         """The sim provider `control/providers.py` builds, renting this one offer only (so
         that every attempt lands on the placed zone, as the replay's job does)."""
         config = read_market(settings.sim_dir)
-        return SimProvider(settings.sim_dir, offers=[self.offer], schedule=TraceMarket(config),
+        return SimProvider(settings.sim_dir, offers=[self.offer], schedule=TraceReclaims(config),
                            notice_seconds=config.notice_wall_s, market=config)
 
     def trace_time(self, wall: float) -> float:

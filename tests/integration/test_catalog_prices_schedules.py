@@ -7,9 +7,13 @@ from datetime import datetime, timezone
 
 import dagster as dg
 
+from orbit_dagster.catalog.listing import list_offers
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.discovery import refresh_catalog
+from orbit_dagster.control.placement import rank_for
 from orbit_dagster.control.prices import ingest_prices
+from orbit_dagster.core.execution import ExecutionRequest, Resources
+from orbit_dagster.providers.sim.provider import SimProvider
 from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import cancel, submit
 from orbit_dagster.ledger import records as R
@@ -103,3 +107,53 @@ def test_orbit_offers_json_lists_gce_h100_with_prices_and_reliability(orbit_home
     assert all(o["usd_per_gpu_hour_on_demand"] and o["usd_per_gpu_hour_spot"] and 0 < o["reliability"] <= 1 for o in gce)
     ranked = [o["usd_per_useful_pflop"] for o in offers]  # dispatch's order (policy.offer_choice.rank_offers)
     assert ranked == sorted(ranked) and all(o["reason"] for o in offers)
+
+
+def _seen_reclaimed(ledger, offers, *, reclaims: int, hours: float, save_s: float) -> None:
+    """The ledger's record of `offers` each reclaimed `reclaims` times in `hours` of spot up-time,
+    and of a durable save of `save_s` (what dispatch and `orbit offers` read from it)."""
+    instances, runs, t0 = [], [], 1.7e9
+    for o in offers:
+        for i in range(reclaims):
+            iid = f"{o.offer_id}/i{i}"
+            instances.append({"instance_id": iid, "provider": o.provider, "offer_id": o.offer_id, "spot": 1,
+                              "gpu": o.gpu, "gpu_count": o.gpu_count, "usd_per_second": o.usd_per_second,
+                              "purpose": "train", "job_id": "seen", "started_at": t0,
+                              "stopped_at": t0 + hours * 3600.0 / reclaims})
+            runs.append({"run_id": f"seen#{iid}", "job_id": "seen", "attempt": i, "instance_id": iid,
+                         "offer_id": o.offer_id, "state": "LOST", "failure_class": "reclaim"})
+    ledger.commit({"jobs": [{"job_id": "seen", "template": "charlm-finetune", "state": "FAILED"}],
+                   "instances": instances, "runs": runs,
+                   "checkpoints": [{"checkpoint_key": "seen/a0/1", "job_id": "seen", "step": 1,
+                                    "save_seconds": save_s, "registered_at": t0}]})
+
+
+def test_orbit_offers_json_lists_offers_in_the_order_dispatch_chooses_them(orbit_home):
+    """The same request (2 x H100, a 30 s notice) over the shipped catalog: `orbit offers --json`
+    lists exactly the order dispatch's `rank_for` tries, with what the ledger saw folded in."""
+    settings = Settings.from_env(orbit_home)
+    ledger = settings.ledger()
+    provider = SimProvider(orbit_home / "catalog-market", offers=list_offers(gpu="H100"), notice_seconds=30.0)
+    request = ExecutionRequest(resources=Resources(gpu="H100", gpu_count=2))
+
+    def dispatch_order() -> list[str]:
+        ranked, _ = rank_for(ledger, provider, request, job_id="j", attempt=1, notice_s=provider.notice_seconds,
+                             template="charlm-finetune")
+        return [o.offer_id for o in ranked]
+
+    def orbit_offers() -> dict:
+        out = subprocess.run([sys.executable, "-m", "orbit_dagster.cli", "offers", "--gpu", "H100", "--gpu-count", "2",
+                              "--notice-seconds", "30", "--json"], capture_output=True, text=True,
+                             env={"ORBIT_HOME": str(orbit_home), "PATH": ""}, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    unseen = dispatch_order()
+    favourites = [o for o in provider.list_offers() if o.offer_id in unseen[:6] and o.spot][:2]
+    assert len(favourites) == 2
+    _seen_reclaimed(ledger, favourites, reclaims=20, hours=10.0, save_s=45.0)
+    order = dispatch_order()
+    assert order != unseen and order[0] not in {o.offer_id for o in favourites}  # what the ledger saw counts
+    doc = orbit_offers()
+    assert [r["offer_id"] for r in doc["offers"]] == order
+    assert doc["inputs"]["save_s"] == 45.0 and doc["inputs"]["gpu_count"] == 2

@@ -4,7 +4,7 @@ than real time) and through the simulator, gives the same decisions.
 
 Two jobs run at once, each on its own market and ledger: one without a deadline, one with
 `deadline_hours`. For each, the replay of the control plane's protocol
-(`policy.launch_replay`) is given the platform timings the real run measured (when each
+(`tests/launch_replay.py`) is given the platform timings the real run measured (when each
 instance came up, when its first step began, when its agent saw the notice, when it was
 released) and the control plane's own measured step and save times, and must reach the same
 decisions: the checkpoint interval of every attempt, the durable checkpoints on the trace's
@@ -29,12 +29,11 @@ import pytest
 from orbit_dagster.catalog.traces import load_trace
 from orbit_dagster.settings import Settings
 from orbit_dagster.policy.checkpointing import OrbitInterval
-from orbit_dagster.policy.launch_replay import ControlJob, replay_control
+from tests.launch_replay import ControlJob, replay_control
 from orbit_dagster.policy.simulate import JobParams, replay
-from orbit_dagster.providers.sim.market import trace_offer
 from tests.conftest import kill_processes_under, shared_data_dir
 from tests.integration.replay_driver import (SegmentRun, measured_launches, paced_template, serialise_metric_flushes,
-                                             timeline)
+                                             timeline, trace_offer)
 
 pytestmark = pytest.mark.integration
 

@@ -205,7 +205,7 @@ def ec2_rows():
 @example(rows=[{"InstanceType": "p3.2xlarge", "Timestamp": datetime(2024, 1, 1, tzinfo=timezone.utc),
                 "SpotPrice": "abc", "AvailabilityZone": "us-east-1a"}])
 def test_ec2_price_history_rows_become_real_prices_or_an_error(rows):
-    from orbit_dagster.providers.aws.offers import AwsCatalog
+    from orbit_dagster.providers.aws.ec2_catalog import AwsCatalog
 
     catalog = AwsCatalog(Ec2Stub(rows), prices_are_real=True)
     try:

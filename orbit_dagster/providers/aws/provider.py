@@ -32,7 +32,7 @@ from .bootstrap import Bootstrap, new_ed25519, opens_to_everyone, user_data
 from .ec2 import Ec2Api
 from .errors import END_STATES, notice_from_spot_request, transition_time
 from .host import IMDS_URL, SshHostTransport
-from .offers import AwsCatalog, is_aws_endpoint
+from .ec2_catalog import AwsCatalog, is_aws_endpoint
 from .spot import SpotApi, launch_on_demand, launch_spot, spot_request, wait_running
 from ..base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
 from ..jsonfiles import read_json, write_json

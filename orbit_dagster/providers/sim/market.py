@@ -22,8 +22,6 @@ from ...catalog.traces import Trace, load_trace, next_available, reclaim_offsets
 from ...core.errors import NoCapacity, OrbitError
 from ...core.offers import Offer
 
-AWS_NOTICE_S = 120.0
-GCP_NOTICE_S = 30.0
 MARKET_FILE = "market.json"
 GENERATED_DAYS = 14
 
@@ -81,7 +79,7 @@ def offer_shift(offer_id: str, duration_s: float) -> float:
     return (h % 10_000) / 10_000 * duration_s
 
 
-class TraceMarket:
+class TraceReclaims:
     """A ReclaimSchedule (see providers.sim) that replays traces on the market clock."""
 
     def __init__(self, config: MarketConfig):
@@ -147,47 +145,6 @@ def ensure_market(sim_dir: Path, *, trace_dir: str | None, scale: float, notice_
         raise OrbitError("sim market scale must be > 0", field="ORBIT_SIM_SCALE", value=scale, fix="e.g. 1 or 60")
     return write_market(sim_dir, MarketConfig(epoch_wall=time.time(), trace_offset_s=0.0, scale=scale,
                                               notice_s=notice_s, traces=preemption_traces(trace_dir)))
-
-
-def trace_offer(trace: Trace, *, at_s: float = 0.0) -> Offer:
-    """The offer a trace was measured on, as the sim market rents it: its instance type, zone,
-    interruption band and on-demand price (``catalog.trace_market``), spot at the trace's own
-    price at ``at_s`` (else the type's published figure). One instance of the zone whose
-    replay :func:`place_segment` positions."""
-    from ...catalog.gpus import normalise_gpu_name, offer_spec_fields
-    from ...catalog.reclaim_model import BAND_LABELS, load_reclaim_model
-    from ...catalog.trace_market import ON_DEMAND, TAG_INSTANCE, trace_market
-
-    model = load_reclaim_model()
-    market = trace_market(trace, default_spot_usd_per_hour=model.spot_usd_per_hour,
-                          default_on_demand_usd_per_hour=model.on_demand_usd_per_hour)
-    itype = market.instance_type or "unknown"
-    gpu = normalise_gpu_name(next((acc for (acc, n), t in TAG_INSTANCE.items() if t == itype), "v100"))
-    gpus = max(ON_DEMAND.get(itype, (1,))[0], 1)
-    spot = trace.price_at(int(at_s // trace.gap_seconds), market.spot_usd_per_hour)
-    zone = market.zone or "zone"
-    return Offer(offer_id=f"sim:{itype}:{zone}", provider="sim", instance_type=itype, gpu=gpu, gpu_count=gpus,
-                 region=market.region or zone, zone=zone,
-                 usd_per_gpu_second_on_demand=market.on_demand_usd_per_hour / 3600.0 / gpus,
-                 usd_per_gpu_second_spot=spot / 3600.0 / gpus, **offer_spec_fields(gpu),
-                 interruption_band=BAND_LABELS[market.band] if market.band is not None else None)
-
-
-def place_segment(sim_dir: Path, *, trace_path: str, offer: Offer, at_s: float, scale: float,
-                  notice_s: float = AWS_NOTICE_S) -> MarketConfig:
-    """Restart the market clock with one trace only, and `offer`'s zone at trace second `at_s`
-    now: from here on the zone is up, down and reclaimed exactly when the trace says,
-    `scale` times faster than the wall clock (the notice too). A replay of a chosen segment,
-    for comparing the control plane with `orbit simulate` on the same stretch of trace."""
-    if not scale > 0:
-        raise OrbitError("sim market scale must be > 0", field="scale", value=scale, fix="e.g. 60 or 180")
-    trace = load_traces_for((str(trace_path),))[0]
-    if not 0 <= at_s < trace.duration_s:
-        raise OrbitError(f"segment start {at_s} s is outside the trace ({trace.duration_s:.0f} s)", field="at_s",
-                         value=at_s, fix="pass a trace second inside the trace")
-    config = MarketConfig(epoch_wall=time.time(), trace_offset_s=0.0, scale=scale, notice_s=notice_s,
-                          traces=(str(trace_path),), zone_offsets={offer.offer_id: at_s})
-    return write_market(sim_dir, config)
 
 
 def price_feed(config: MarketConfig, offers: list[Offer], since_wall: float | None, now_wall: float) -> list[dict]:

@@ -119,11 +119,6 @@ def _errno_of(exc: BaseException) -> int | None:
     return None
 
 
-def is_connection_failure(err: ProviderError) -> bool:
-    """Worth one reconnect and retry: the connection broke, not the request."""
-    return isinstance(err, (NetworkError, Throttled))
-
-
 @contextmanager
 def translated(host: str, action: str) -> Iterator[None]:
     """Re-raise anything from paramiko/sockets/the host as the orbit error for it."""

@@ -49,7 +49,7 @@ def canonical_gpu(name: str) -> str:
         return name.strip()
 
 
-class GpuSpec(BaseModel):
+class HostGpus(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str = Field(min_length=1, description="GPU model; catalog names and vendor aliases are normalised")
@@ -86,7 +86,7 @@ class SshHost(BaseModel):
     key_passphrase_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     known_hosts: Path
     trust_on_first_use: bool = False
-    gpus: GpuSpec
+    gpus: HostGpus
     usd_per_hour: float = Field(ge=0)
     workdir: str = "~/orbit"
     python: str = Field("python3", min_length=1)

@@ -9,7 +9,7 @@ import pytest
 import orbit_dagster
 
 PKG = Path(orbit_dagster.__file__).parent
-CATALOG = ["__init__.py", "gpus.py", "gce.py", "aws.py", "offers.py", "build_data.py"]
+CATALOG = ["__init__.py", "gpus.py", "gce.py", "aws.py", "listing.py", "build_data.py"]
 
 
 def _imports(path: Path) -> set[str]:

@@ -9,7 +9,7 @@ from orbit_dagster.core.errors import InvalidTransition, NotFound
 from orbit_dagster.core.lifecycle import JobState
 from orbit_dagster.ledger import Ledger, LedgerError
 from orbit_dagster.ledger import records as R
-from orbit_dagster.ledger.migrations import LATEST, current_version, migrate
+from orbit_dagster.ledger.migrations import LATEST, current_version, upgrade_schema
 
 
 def now():
@@ -22,7 +22,7 @@ def url(tmp_path):
 
 def fresh(tmp_path) -> Ledger:
     ledger = Ledger(url(tmp_path))
-    migrate(ledger)
+    upgrade_schema(ledger)
     return ledger
 
 
@@ -124,12 +124,12 @@ def test_a_repeated_key_keeps_the_first_row_unless_the_table_updates(tmp_path):
 def test_migrations_are_versioned_and_a_newer_ledger_is_refused(tmp_path):
     ledger = fresh(tmp_path)
     assert current_version(ledger) == LATEST
-    assert migrate(ledger) == LATEST  # nothing to do the second time
+    assert upgrade_schema(ledger) == LATEST  # nothing to do the second time
     con = sqlite3.connect(tmp_path / "l" / "ledger.sqlite")
     con.execute("INSERT INTO schema_migrations VALUES (?, 'from the future', 0)", [LATEST + 1])
     con.commit()
     with pytest.raises(LedgerError, match="newer than this orbit-dagster"):
-        migrate(Ledger(url(tmp_path)))
+        upgrade_schema(Ledger(url(tmp_path)))
 
 
 def test_migration_4_gives_an_older_ledgers_runs_the_hand_off_columns(tmp_path):
@@ -143,7 +143,7 @@ def test_migration_4_gives_an_older_ledgers_runs_the_hand_off_columns(tmp_path):
     con.commit()
     con.close()
     reopened = Ledger(url(tmp_path))
-    assert migrate(reopened) == 3 and current_version(reopened) == LATEST
+    assert upgrade_schema(reopened) == 3 and current_version(reopened) == LATEST
     assert reopened.one("SELECT run_id, state, handed_off_at, follow_offset FROM runs") == {
         "run_id": "j/1", "state": "RUNNING", "handed_off_at": None, "follow_offset": None}
 
@@ -151,7 +151,7 @@ def test_migration_4_gives_an_older_ledgers_runs_the_hand_off_columns(tmp_path):
 def test_a_home_of_the_parquet_ledger_is_refused_with_the_fix(tmp_path):
     (tmp_path / "l" / "segments" / "c-1").mkdir(parents=True)
     with pytest.raises(LedgerError, match="orbit ledger upgrade"):
-        migrate(Ledger(url(tmp_path)))
+        upgrade_schema(Ledger(url(tmp_path)))
 
 
 def test_catalog_file_is_usable_by_a_person_with_duckdb(tmp_path):
@@ -215,11 +215,11 @@ def test_a_parquet_ledger_home_is_upgraded_once_and_kept(tmp_path):
         folder.mkdir(parents=True, exist_ok=True)
         con.execute(f"COPY ({sql}) TO '{folder / (table + '.parquet')}' (FORMAT parquet)")
     with pytest.raises(LedgerError, match="orbit ledger upgrade"):
-        migrate(Ledger(url(tmp_path)))
+        upgrade_schema(Ledger(url(tmp_path)))
     counts = upgrade(tmp_path / "l", url(tmp_path))
     assert counts["jobs"] == 1 and counts["checkpoints"] == 1 and counts["costs"] == 1
     ledger = Ledger(url(tmp_path))
-    migrate(ledger)  # no longer refused
+    upgrade_schema(ledger)  # no longer refused
     job = R.job(ledger, "j")
     assert (job["state"], job["attempt"], job["lineage"]) == ("SUCCEEDED", 1, "L1-legacy")
     assert ledger.one("SELECT checkpoint_key, experiment FROM checkpoints") == {"checkpoint_key": "j/40", "experiment": "e"}
@@ -236,6 +236,6 @@ def test_migration_6_gives_an_older_ledger_the_run_workers_table(tmp_path):
     con.commit()
     con.close()
     reopened = Ledger(url(tmp_path))
-    assert migrate(reopened) < 6 and current_version(reopened) == LATEST
+    assert upgrade_schema(reopened) < 6 and current_version(reopened) == LATEST
     assert reopened.scalar("SELECT count(*) FROM run_workers") == 0
     assert reopened.scalar("SELECT count(*) FROM jobs") == 1

@@ -11,7 +11,7 @@ import pytest
 from orbit_dagster.ledger import Ledger, LedgerDamaged, LedgerError, LedgerIdentityError
 from orbit_dagster.ledger import records as R
 from orbit_dagster.ledger.identity import RECORD, inspect, read_id, read_record
-from orbit_dagster.ledger.migrations import LATEST, current_version, migrate
+from orbit_dagster.ledger.migrations import LATEST, current_version, upgrade_schema
 
 
 def url_of(home):
@@ -72,7 +72,7 @@ def test_a_damaged_ledger_file_is_refused_naming_it_and_left_as_it_was(tmp_path,
     settle(home)
     damage(db(home))
     before = db(home).read_bytes()
-    for attempt in (lambda: fresh_process_open(home), lambda: migrate(Ledger(url_of(home)))):
+    for attempt in (lambda: fresh_process_open(home), lambda: upgrade_schema(Ledger(url_of(home)))):
         with pytest.raises(LedgerDamaged) as err:
             attempt()
         line = str(err.value)
@@ -90,7 +90,7 @@ def test_a_sqlite_file_without_the_ledger_tables_is_refused(tmp_path):
     with pytest.raises(LedgerDamaged, match="without the ledger's tables"):
         fresh_process_open(home)
     with pytest.raises(LedgerDamaged, match="without the ledger's tables"):
-        migrate(Ledger(url_of(home)))
+        upgrade_schema(Ledger(url_of(home)))
 
 
 def test_a_swapped_ledger_is_refused_naming_both_ids(tmp_path):

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from orbit_dagster.control.capacity import capacity
 from orbit_dagster.control.dispatch import fleet_notices
 from orbit_dagster.control.evaluate import pending_evaluations, reconcile_evaluations
-from orbit_dagster.control.offers import measured_save_seconds
+from orbit_dagster.control.placement import measured_save_seconds
 from orbit_dagster.control.queue import queued_jobs
 from orbit_dagster.control.reconcile import active_attempts, cancelled_but_running
 from orbit_dagster.settings import Settings

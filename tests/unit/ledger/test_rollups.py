@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from orbit_dagster.control.best import rank_best
 from orbit_dagster.core.metrics import Candidate, pick_best
 from orbit_dagster.ledger import Ledger
-from orbit_dagster.ledger.migrations import LATEST, migrate
+from orbit_dagster.ledger.migrations import LATEST, upgrade_schema
 
 # The cost views as they were: grouping every cost line on each call.
 GROUPED_BY_JOB = """
@@ -32,7 +32,7 @@ CHECKPOINT = st.fixed_dictionaries({
 
 def fresh(tmp_path) -> Ledger:
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    migrate(ledger)
+    upgrade_schema(ledger)
     return ledger
 
 
@@ -148,7 +148,7 @@ def test_migration_2_fills_the_totals_from_an_existing_ledgers_facts(tmp_path):
         for table in ("cost_lines", "cost_jobs", "eval_latest"):
             tx.execute(f"DELETE FROM {table}")
         tx.execute("DELETE FROM schema_migrations WHERE version >= 2")
-    assert migrate(ledger) == 1 and LATEST >= 2
+    assert upgrade_schema(ledger) == 1 and LATEST >= 2
     assert ledger.scalar("SELECT usd FROM cost_by_job") == 0.03
     assert ledger.scalar("SELECT count(*) FROM cost_by_checkpoint") == 2
     assert rank_best(ledger, "e", "eval/loss", "min").checkpoint_key == "ja/1"
@@ -197,6 +197,6 @@ def test_a_ledger_whose_eval_latest_predates_lineage_is_rebuilt_by_migration_3(t
         tx.execute("CREATE TABLE eval_latest (checkpoint_key TEXT, name TEXT, experiment TEXT, job_id TEXT, "
                    "value FLOAT, ts FLOAT, point_id INTEGER, PRIMARY KEY (checkpoint_key, name))")
         tx.execute("DELETE FROM schema_migrations WHERE version >= 3")
-    assert migrate(ledger) == 2
+    assert upgrade_schema(ledger) == 2
     assert rank_best(ledger, "e", "eval/loss", "min").value == 0.3
     assert ledger.scalar("SELECT lineage FROM eval_latest") == "L-ja"

@@ -1,4 +1,4 @@
-"""The replay of the control plane's protocol (policy.launch_replay) on hand-made traces; its
+"""The replay of the control plane's protocol (tests/launch_replay.py) on hand-made traces; its
 end-to-end comparison with the real control plane is tests/integration/test_policy_replay.py."""
 import math
 
@@ -7,7 +7,7 @@ import pytest
 from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.core.offers import Offer
 from orbit_dagster.policy.checkpointing import OrbitInterval
-from orbit_dagster.policy.launch_replay import ControlJob, Launch, Move, Tick, replay_control
+from tests.launch_replay import ControlJob, Launch, Move, Tick, replay_control
 from orbit_dagster.policy.reclaim_rate import NoticeReliability, RateBook
 
 from .helpers import make_trace, model

@@ -1,4 +1,4 @@
-"""Catalog assembly: ranking, filters, observations, diffs and the `orbit offers` output."""
+"""The catalog's listing (filters, observations, diffs) and the `orbit offers` output over it."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,17 @@ import pytest
 from orbit_dagster.catalog import CatalogError
 from orbit_dagster.catalog.gce import gce_offers
 from orbit_dagster.catalog.gpus import UnknownGpu
-from orbit_dagster.catalog.offers import (MIN_EXPOSURE_HOURS, diff_catalogs, list_offers, offers_command,
-                                          offers_json, offers_table, usd_per_effective_tflop_hour, usd_per_gpu_hour)
+from orbit_dagster.catalog.listing import (MIN_EXPOSURE_HOURS, diff_catalogs, list_offers, offers_json,
+                                          usd_per_effective_tflop_hour, usd_per_gpu_hour)
+from orbit_dagster.cli.offers import offers_document, offers_table
+from orbit_dagster.core.errors import OrbitError
+from orbit_dagster.policy.offer_choice import SAVE_PRIOR_S
+
+
+def orbit_offers_output(gpu, max_price, as_json, save_s=SAVE_PRIOR_S, **kw):
+    """What `orbit offers` prints for a ledger that saw `observed`/`measured` (cli/commands.py)."""
+    doc = offers_document(gpu=gpu, max_price=max_price, save_s=save_s, **kw)
+    return json.dumps(doc) if as_json else offers_table(doc)
 
 UTC = timezone.utc
 
@@ -21,21 +30,20 @@ def catalog():
     return list_offers()
 
 
-def test_sorted_by_dollars_per_effective_tflop_hour(catalog):
-    ranked = [usd_per_effective_tflop_hour(o) for o in catalog]
-    known = [v for v in ranked if v is not None]
-    assert known == sorted(known) and len(known) > 100
-    first_unranked = ranked.index(None)
-    assert all(v is None for v in ranked[first_unranked:])  # unrankable offers come last
+def test_a_listing_comes_in_offer_id_order(catalog):
+    # A listing, not a ranking: the one ranking is dispatch's (control.placement.rank_placement).
+    assert [o.offer_id for o in catalog] == sorted(o.offer_id for o in catalog)
     assert {o.provider for o in catalog} == {"gce", "aws"}
-    assert len({o.offer_id for o in catalog}) == len(catalog)
+    assert len({o.offer_id for o in catalog}) == len(catalog) > 100
 
 
-def test_ranking_is_price_over_tflops(catalog):
-    o = catalog[0]
+def test_dollars_per_effective_tflop_hour_is_price_over_tflops(catalog):
+    o = next(x for x in catalog if usd_per_gpu_hour(x) is not None and x.spec_tflops_bf16)
     price = (o.usd_per_gpu_second_spot if o.spot else o.usd_per_gpu_second_on_demand) * 3600
     assert usd_per_gpu_hour(o) == pytest.approx(price)
     assert usd_per_effective_tflop_hour(o) == pytest.approx(price / o.spec_tflops_bf16)
+    row = next(r for r in offers_json([o]))
+    assert row["usd_per_effective_tflop_hour"] == pytest.approx(price / o.spec_tflops_bf16, rel=1e-5)
 
 
 def test_gpu_filter_uses_families_and_aliases():
@@ -87,19 +95,26 @@ def test_observed_reclaims_replace_the_prior():
     assert e.value.field == "observed"
 
 
-def test_measured_tflops_reorder_the_ranking():
+def test_measured_tflops_replace_the_spec():
     offers = list_offers(gpu="L4", providers=("gce",))
-    last_ranked = [o for o in offers if usd_per_effective_tflop_hour(o) is not None][-1]
-    boosted = list_offers(gpu="L4", providers=("gce",), measured={last_ranked.offer_id: 1e6})
-    assert boosted[0].offer_id == last_ranked.offer_id and boosted[0].effective_tflops == 1e6
+    o = offers[-1]
+    boosted = list_offers(gpu="L4", providers=("gce",), measured={o.offer_id: 1e6})
+    assert next(x for x in boosted if x.offer_id == o.offer_id).effective_tflops == 1e6
     halved = list_offers(gpu="L4", providers=("gce",), measured={"L4": 60.5})
     assert all(o.measured_tflops == 60.5 for o in halved)
     with pytest.raises(CatalogError):
         list_offers(gpu="L4", measured={"L4": -3})
 
 
+def test_measured_tflops_reorder_what_orbit_offers_shows():
+    doc = offers_document(gpu="L4", save_s=SAVE_PRIOR_S)
+    last = doc["offers"][-1]["offer_id"]
+    boosted = offers_document(gpu="L4", save_s=SAVE_PRIOR_S, measured={last: 1e6})
+    assert boosted["offers"][0]["offer_id"] == last and boosted["offers"][0]["measured_tflops"] == 1e6
+
+
 def test_acceptance_orbit_offers_gpu_h100_json():
-    doc = json.loads(offers_command("H100", None, True))
+    doc = json.loads(orbit_offers_output("H100", None, True))
     gce = [r for r in doc["offers"] if r["provider"] == "gce"]
     assert gce and all(r["gpu"] == "H100" for r in doc["offers"])
     priced = [r for r in gce if r["usd_per_gpu_hour_spot"] is not None]
@@ -120,14 +135,13 @@ def test_json_rows_round_trip_the_offer_prices():
     json.dumps(offers_json(offers))  # plain types only
 
 
-def test_table_lists_offers_in_order_with_a_legend():
-    offers = list_offers(gpu="H100", providers=("gce",))[:5]
-    lines = offers_table(offers).splitlines()
+def test_table_lists_the_ranking_in_order_with_a_legend():
+    doc = offers_document(gpu="H100", save_s=SAVE_PRIOR_S)
+    lines = offers_table(doc).splitlines()
     assert lines[0].split()[:3] == ["#", "offer", "gpu"]
-    assert [ln.split()[1] for ln in lines[1:6]] == [o.offer_id for o in offers]
-    assert "prior" in lines[1] and "5 offers" in lines[-1]
-    assert offers_table([]) == "no offers match"
-    assert offers_command("H100", 0.0001, False) == "no offers match"
+    assert [ln.split()[1] for ln in lines[1:6]] == [r["offer_id"] for r in doc["offers"][:5]]
+    assert f"{len(doc['offers'])} ranked" in lines[-1] and "ranked as dispatch ranks" in lines[-1]
+    assert orbit_offers_output("H100", 0.0001, False) == "no offers match"
 
 
 def test_diff_between_two_real_dates_reports_removals_and_moves():
@@ -155,29 +169,31 @@ def test_diff_between_two_real_dates_reports_removals_and_moves():
 
 def test_orbit_offers_shows_the_ranking_dispatch_uses():
     """The first offer `orbit offers` shows is the one rank_offers (dispatch) chooses from the same inputs."""
-    from orbit_dagster.catalog.offers import DISPATCH_RESTORE_S, PROVIDER_NOTICE_S
-    from orbit_dagster.policy.offer_choice import rank_offers
+    from orbit_dagster.catalog import PROVIDER_NOTICE_S
+    from orbit_dagster.policy.offer_choice import RESTORE_PRIOR_S, rank_offers
     from orbit_dagster.policy.reclaim_rate import RateBook
 
     offers = list_offers(gpu="H100")
-    first = offers[0].offer_id
+    unseen = rank_offers(offers, gpu="any", save_s=60.0, restore_s=RESTORE_PRIOR_S, notice_s=PROVIDER_NOTICE_S)
+    first = unseen.chosen.offer_id
+    favourite = unseen.chosen
     observed = {first: (30, 10.0)}  # the ledger saw the catalog's favourite reclaimed 3 times an hour
-    doc = json.loads(offers_command("H100", None, True, observed=observed, save_s=60.0))
+    doc = json.loads(orbit_offers_output("H100", None, True, observed=observed, save_s=60.0))
     book = RateBook()
-    book.for_offer(offers[0]).observe(30, 36000.0)
-    d = rank_offers(offers, gpu="any", save_s=60.0, restore_s=DISPATCH_RESTORE_S, notice_s=PROVIDER_NOTICE_S, rates=book)
+    book.for_offer(favourite).observe(30, 36000.0)
+    d = rank_offers(offers, gpu="any", save_s=60.0, restore_s=RESTORE_PRIOR_S, notice_s=PROVIDER_NOTICE_S, rates=book)
     assert [r["offer_id"] for r in doc["offers"]] == [s.offer.offer_id for s in d.ranked]
     assert doc["offers"][0]["offer_id"] == d.chosen.offer_id != first
     mine = next(r for r in doc["offers"] if r["offer_id"] == first)
     assert mine["expected_reclaims_per_hour"] > 2 and "reclaims/h" in mine["reason"]
-    table = offers_command("H100", None, False, observed=observed, save_s=60.0)
+    table = orbit_offers_output("H100", None, False, observed=observed, save_s=60.0)
     assert table.splitlines()[1].split()[1] == d.chosen.offer_id and "ranked as dispatch ranks" in table
 
 
 def test_orbit_offers_refuses_bad_inputs():
-    with pytest.raises(CatalogError) as err:
-        offers_command("H100", None, False, save_s=-1)
+    with pytest.raises(OrbitError) as err:
+        orbit_offers_output("H100", None, False, save_s=-1)
     assert err.value.field == "save_s"
-    with pytest.raises(CatalogError) as err:
-        offers_command("H100", None, False, gpu_count=0)
+    with pytest.raises(OrbitError) as err:
+        orbit_offers_output("H100", None, False, gpu_count=0)
     assert err.value.field == "gpu_count"

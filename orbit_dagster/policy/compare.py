@@ -1,7 +1,7 @@
-"""``orbit simulate``: replay a trace through the policies and report overhead, goodput, cost, misses.
+"""Compare the policies on a trace: overhead, goodput, cost and missed deadlines, as data.
 
-The CLI (``orbit_dagster/cli/commands.py``) calls ``simulate_command``; the benchmark and tests call
-``simulate_trace``. Every figure is a mean per job over ``starts`` jobs started at evenly
+``orbit simulate`` (``cli/simulate.py``, which loads the trace and prints the table), the
+benchmark and the tests call ``simulate_trace``. Every figure is a mean per job over ``starts`` jobs started at evenly
 spaced points of the trace (replayed cyclically), so a single lucky or unlucky phase does
 not decide a comparison. The replay is faithful to the trace (``catalog.trace_market``):
 an N-node trace needs N instances, prices are the trace's instance type's, and the notice
@@ -10,12 +10,11 @@ is the trace's cloud's unless ``notice_seconds`` says otherwise.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from orbit_dagster.catalog.reclaim_model import ReclaimModel, load_reclaim_model
 from orbit_dagster.catalog.trace_market import TraceMarket, trace_market
-from orbit_dagster.catalog.traces import Trace, load_trace
+from orbit_dagster.catalog.traces import Trace
 from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.policy.checkpointing import CHECKPOINT_STRATEGIES, make_strategy
 from orbit_dagster.policy.deadline import Greedy, UniformProgress, run_deadline, setup_from_trace
@@ -191,58 +190,3 @@ def _deadline_results(trace, names, job_hours, deadline_hours, notice, save, res
             "savings_vs_on_demand_pct": round((1 - cost / od_only) * 100, 2) if od_only > 0 else None,
         })
     return rows
-
-
-def simulate_command(trace_path: str | Path, policy: str | None = None, job_hours: float | None = None,
-                     deadline_hours: float | None = None, notice_seconds: float | None = None, **kw: Any) -> dict:
-    """What ``orbit simulate`` runs: load the trace, replay it, return the figures."""
-    trace = load_trace(trace_path)
-    return simulate_trace(trace, policy=policy, job_hours=DEFAULTS["job_hours"] if job_hours is None else job_hours,
-                          deadline_hours=deadline_hours, notice_seconds=notice_seconds, **kw)
-
-
-_COLUMNS = {
-    "checkpoint": [("policy", "policy"), ("finished", "done"), ("overhead_gpu_hours", "overhead GPU-h"),
-                   ("overhead_usd", "overhead $"), ("wasted_gpu_hours", "wasted GPU-h"),
-                   ("checkpoint_overhead_gpu_hours", "ckpt GPU-h"), ("restart_overhead_gpu_hours", "restart GPU-h"),
-                   ("goodput", "goodput"), ("cost_usd", "cost $"), ("wall_hours", "wall h"), ("reclaims", "reclaims")],
-    "deadline": [("policy", "policy"), ("missed_deadlines", "missed"), ("goodput", "goodput"),
-                 ("cost_usd", "cost $"), ("wasted_gpu_hours", "wasted GPU-h"), ("spot_hours", "spot h"),
-                 ("on_demand_hours", "on-demand h"), ("gap_to_optimal_pct", "vs optimal %"),
-                 ("savings_vs_on_demand_pct", "saved vs OD %")],
-}
-
-
-def _cell(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
-    return str(v)
-
-
-def format_result_table(results: dict) -> str:
-    """A plain-text table of one ``simulate_trace`` result (means per job)."""
-    cols = _COLUMNS[results["mode"]]
-    head = (f"{results['trace']} ({results['kind']}, {results['gap_seconds']:g} s ticks): "
-            f"{results['jobs'] if 'jobs' in results else results['starts']} jobs of {results['job_hours']:g} h"
-            + (f", deadline {results['deadline_hours']:g} h" if results["deadline_hours"] is not None else "")
-            + f", notice {results['notice_seconds']:g} s; means per job")
-    rows = [[label for _, label in cols]] + [[_cell(r.get(k)) for k, _ in cols] for r in results["results"]]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-    mk = results.get("market") or {}
-    spot = mk.get("spot_usd_per_hour_per_node")
-    lines = [head, (f"market: {mk.get('instance_type') or 'unknown type'} x {mk.get('nodes', 1)} node(s)"
-                    f" ({mk.get('cloud') or 'cloud unknown'} {mk.get('zone') or ''}); spot "
-                    + (spot if isinstance(spot, str) else f"{spot:g} $/h") + " per node; on-demand "
-                    f"{mk.get('on_demand_usd_per_hour_per_node', 0):g} $/h per node; "
-                    f"notice: {results['assumptions']['notice']}")]
-    for j, row in enumerate(rows):
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
-        if j == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    for r in results["results"]:
-        if r.get("interval_s") is not None or (r["policy"] == "hindsight" and "interval_s" in r):
-            iv = r.get("interval_s")
-            lines.append(f"hindsight's interval: {'never' if iv is None else f'{iv:.0f} s'}")
-    return "\n".join(lines)

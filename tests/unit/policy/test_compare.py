@@ -9,9 +9,8 @@ import pytest
 from orbit_dagster.catalog.reclaim_model import generate_trace
 from orbit_dagster.catalog.traces import load_trace
 from orbit_dagster.core.errors import OrbitError
-from orbit_dagster.policy.report import (
-    CHECKPOINT_POLICIES, DEADLINE_POLICIES, format_result_table, simulate_command, simulate_trace,
-)
+from orbit_dagster.cli.simulate import format_result_table, simulate_command
+from orbit_dagster.policy.compare import CHECKPOINT_POLICIES, DEADLINE_POLICIES, simulate_trace
 
 from .helpers import model
 
@@ -86,7 +85,7 @@ def test_lost_notice_seeds_multiply_the_jobs_and_stay_deterministic(trace_file):
 
 
 def test_policy_layer_imports_no_dagster_boto3_or_paramiko():
-    code = ("import sys, orbit_dagster.policy.report, orbit_dagster.policy.offer_choice, "
+    code = ("import sys, orbit_dagster.policy.compare, orbit_dagster.policy.offer_choice, "
             "orbit_dagster.policy.migration, orbit_dagster.catalog.traces, orbit_dagster.catalog.fit_reclaims; "
             "bad = [m for m in ('dagster', 'boto3', 'paramiko') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

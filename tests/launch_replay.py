@@ -35,10 +35,9 @@ from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.core.offers import Offer, on_demand
 from orbit_dagster.policy.checkpointing import OrbitInterval
 from orbit_dagster.policy.deadline_plan import spot_or_on_demand
+from orbit_dagster.policy.offer_choice import RESTORE_PRIOR_S  # the control plane's: it measures none
 from orbit_dagster.policy.reclaim_rate import NoticeReliability, RateBook
 
-#: The control plane's restore-time prior (control.offers.DEFAULT_RESTORE_S): it measures none.
-RESTORE_BELIEF_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -166,7 +165,7 @@ def _market(job: ControlJob, spot_offer: Offer, od_offer: Offer | None, book: Ra
     d = spot_or_on_demand(work_left_s=max(job.steps - done, 0) * step_s,
                           time_left_s=max(job.deadline_s - (at - job.submitted_at), 0.0), spot_available=True,
                           holding=holding, spot_usd_per_hour=spot_offer.usd_per_second * 3600.0,
-                          on_demand_usd_per_hour=od_offer.usd_per_second * 3600.0, restore_s=RESTORE_BELIEF_S,
+                          on_demand_usd_per_hour=od_offer.usd_per_second * 3600.0, restore_s=RESTORE_PRIOR_S,
                           save_s=save_s, notice_s=job.notice_s, mtbf_s=est.mtbf_s)
     return {"action": "on_demand" if d.action == "on_demand" else "spot", "policy_action": d.action,
             "reason": d.reason, **d.inputs}

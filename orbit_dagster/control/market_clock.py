@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..providers.sim.provider import NoReclaims, ReclaimSchedule
-from ..providers.sim.market import MarketConfig, TraceMarket, ensure_market
+from ..providers.sim.market import MarketConfig, TraceReclaims, ensure_market
 from ..settings import Settings
 
 
@@ -11,7 +11,7 @@ def schedule_for(settings: Settings) -> tuple[ReclaimSchedule, MarketConfig]:
     sim = settings.sim  # checked by the settings (SimSettings), whether from the environment or a resource
     market = ensure_market(settings.sim_dir, trace_dir=sim.traces, scale=sim.scale, notice_s=sim.notice_seconds)
     if sim.reclaims == "trace":
-        return TraceMarket(market), market
+        return TraceReclaims(market), market
     return NoReclaims(), market
 
 

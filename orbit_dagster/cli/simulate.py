@@ -1,0 +1,63 @@
+"""`orbit simulate`: load a spot trace, compare the policies on it (`policy.compare`), print the figures."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..catalog.traces import load_trace
+from ..policy.compare import DEFAULTS, simulate_trace
+
+
+def simulate_command(trace_path: str | Path, policy: str | None = None, job_hours: float | None = None,
+                     deadline_hours: float | None = None, notice_seconds: float | None = None, **kw: Any) -> dict:
+    """What ``orbit simulate`` runs: load the trace, replay it, return the figures."""
+    trace = load_trace(trace_path)
+    return simulate_trace(trace, policy=policy, job_hours=DEFAULTS["job_hours"] if job_hours is None else job_hours,
+                          deadline_hours=deadline_hours, notice_seconds=notice_seconds, **kw)
+
+
+_COLUMNS = {
+    "checkpoint": [("policy", "policy"), ("finished", "done"), ("overhead_gpu_hours", "overhead GPU-h"),
+                   ("overhead_usd", "overhead $"), ("wasted_gpu_hours", "wasted GPU-h"),
+                   ("checkpoint_overhead_gpu_hours", "ckpt GPU-h"), ("restart_overhead_gpu_hours", "restart GPU-h"),
+                   ("goodput", "goodput"), ("cost_usd", "cost $"), ("wall_hours", "wall h"), ("reclaims", "reclaims")],
+    "deadline": [("policy", "policy"), ("missed_deadlines", "missed"), ("goodput", "goodput"),
+                 ("cost_usd", "cost $"), ("wasted_gpu_hours", "wasted GPU-h"), ("spot_hours", "spot h"),
+                 ("on_demand_hours", "on-demand h"), ("gap_to_optimal_pct", "vs optimal %"),
+                 ("savings_vs_on_demand_pct", "saved vs OD %")],
+}
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+    return str(v)
+
+
+def format_result_table(results: dict) -> str:
+    """A plain-text table of one ``simulate_trace`` result (means per job)."""
+    cols = _COLUMNS[results["mode"]]
+    head = (f"{results['trace']} ({results['kind']}, {results['gap_seconds']:g} s ticks): "
+            f"{results['jobs'] if 'jobs' in results else results['starts']} jobs of {results['job_hours']:g} h"
+            + (f", deadline {results['deadline_hours']:g} h" if results["deadline_hours"] is not None else "")
+            + f", notice {results['notice_seconds']:g} s; means per job")
+    rows = [[label for _, label in cols]] + [[_cell(r.get(k)) for k, _ in cols] for r in results["results"]]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
+    mk = results.get("market") or {}
+    spot = mk.get("spot_usd_per_hour_per_node")
+    lines = [head, (f"market: {mk.get('instance_type') or 'unknown type'} x {mk.get('nodes', 1)} node(s)"
+                    f" ({mk.get('cloud') or 'cloud unknown'} {mk.get('zone') or ''}); spot "
+                    + (spot if isinstance(spot, str) else f"{spot:g} $/h") + " per node; on-demand "
+                    f"{mk.get('on_demand_usd_per_hour_per_node', 0):g} $/h per node; "
+                    f"notice: {results['assumptions']['notice']}")]
+    for j, row in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    for r in results["results"]:
+        if r.get("interval_s") is not None or (r["policy"] == "hindsight" and "interval_s" in r):
+            iv = r.get("interval_s")
+            lines.append(f"hindsight's interval: {'never' if iv is None else f'{iv:.0f} s'}")
+    return "\n".join(lines)
