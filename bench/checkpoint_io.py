@@ -44,9 +44,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from recording import replace_section  # noqa: E402
-
 import torch  # noqa: E402
+from recording import replace_section  # noqa: E402
 
 from orbit_dagster.runtime.checkpointing import Checkpointer  # noqa: E402
 from orbit_dagster.runtime.events import EventWriter  # noqa: E402

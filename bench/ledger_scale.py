@@ -144,16 +144,15 @@ def sensor_queries(settings: Settings) -> list[tuple[str, Callable[[], object]]]
     from orbit_dagster.control.dispatch import fleet_notices
     from orbit_dagster.control.evaluate import pending_evaluations, reconcile_evaluations
     from orbit_dagster.control.migration import risk_history
-    from orbit_dagster.control.observations import (measured_step_seconds, measured_tflops, observed_reclaims,
-                                                    probed_offers)
+    from orbit_dagster.control.observations import measured_step_seconds, measured_tflops, observed_reclaims, probed_offers
     from orbit_dagster.control.placement import measured_save_seconds
     from orbit_dagster.control.prices import running_train_instances
     from orbit_dagster.control.queue import queued_jobs
     from orbit_dagster.control.reconcile import active_attempts, cancelled_but_running
     from orbit_dagster.core.offers import Offer
     from orbit_dagster.ledger import records as R
-    from orbit_dagster.sensors.followups import stale_experiments
     from orbit_dagster.providers.sim.provider import default_offers
+    from orbit_dagster.sensors.followups import stale_experiments
 
     ledger = settings.ledger()
     newest = float(ledger.scalar("SELECT max(finished_at) FROM evaluations") or 0)

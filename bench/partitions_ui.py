@@ -51,8 +51,8 @@ def add_partitions(home: Path, n: int, per_key: int) -> dict:
     from dagster._core.definitions.partitions.context import partition_loading_context
 
     from orbit_dagster.assets.partitions import add_checkpoint_partitions, checkpoints_partitions
-    from orbit_dagster.settings import Settings
     from orbit_dagster.deploy.instance import ensure_dagster_home
+    from orbit_dagster.settings import Settings
 
     settings = Settings.from_env(home)
     out = {}
@@ -84,8 +84,8 @@ def free_port() -> int:
 
 
 def webserver(home: Path):
-    from orbit_dagster.settings import Settings
     from orbit_dagster.deploy.instance import environment
+    from orbit_dagster.settings import Settings
 
     port = free_port()
     exe = str(Path(sys.executable).with_name("dagster-webserver"))
@@ -122,7 +122,7 @@ def page_loads(url: str, count: int, repeats: int, shot: Path | None) -> list[fl
             except Exception:
                 fail = Path(tempfile.gettempdir()) / "partitions-ui-failed.png"
                 page.screenshot(path=str(fail))
-                raise SystemExit(f"no partition count of {count:,} on the page within 180 s (screenshot: {fail})")
+                raise SystemExit(f"no partition count of {count:,} on the page within 180 s (screenshot: {fail})") from None
             if i:
                 out.append(time.perf_counter() - t)
             if shot and i == repeats:

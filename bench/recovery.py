@@ -35,13 +35,13 @@ from recording import recorded_command  # noqa: E402
 from orbit_dagster.control.attempt import run_attempt  # noqa: E402
 from orbit_dagster.control.providers import provider_for  # noqa: E402
 from orbit_dagster.control.recovery import recover_lost  # noqa: E402
-from orbit_dagster.settings import Settings  # noqa: E402
 from orbit_dagster.control.submit import cancel, submit  # noqa: E402
 from orbit_dagster.core.bundle import build_bundle  # noqa: E402
 from orbit_dagster.core.submission import TaskSubmission, apply_overrides  # noqa: E402
 from orbit_dagster.core.templates import load_template  # noqa: E402
 from orbit_dagster.ledger import records as R  # noqa: E402
 from orbit_dagster.providers.base import RunHandle  # noqa: E402
+from orbit_dagster.settings import Settings  # noqa: E402
 
 
 def host_events(settings: Settings, job: str, attempt: int) -> list[dict]:

@@ -30,14 +30,13 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import logging
 import os
 import platform
 import pstats
 import statistics
-import sysconfig
 import sys
+import sysconfig
 import tempfile
 import time
 from datetime import date, datetime, timezone
@@ -51,14 +50,14 @@ GOAL_S = 2.0
 
 def build_fleet(home: Path, jobs: int, hosts: int) -> tuple[list, list[str]]:
     """Submit `jobs` jobs and make them RUNNING on stand-ins for `jobs` hosts; returns the real hosts."""
+    from orbit_dagster.control.billing import instance_row
     from orbit_dagster.control.providers import provider_for
-    from orbit_dagster.settings import Settings
     from orbit_dagster.control.submit import submit
     from orbit_dagster.core.lifecycle import JobState
     from orbit_dagster.ledger import records as R
     from orbit_dagster.ledger import utcnow
-    from orbit_dagster.control.billing import instance_row
     from orbit_dagster.providers.base import InstanceHandle, RunHandle
+    from orbit_dagster.settings import Settings
 
     settings = Settings.from_env(home)
     provider = provider_for(settings, "sim_host_process")
@@ -157,7 +156,6 @@ def run(args) -> str:
     from orbit_dagster.control.migration import consider_migrations
     from orbit_dagster.control.prices import ingest_prices
     from orbit_dagster.control.reconcile import reconcile
-    from orbit_dagster.settings import Settings
     from orbit_dagster.deploy.instance import ensure_dagster_home
     from orbit_dagster.providers.sim.provider import SimProvider
     from orbit_dagster.sensors.evaluations import checkpoint_evaluation_sensor
@@ -165,6 +163,7 @@ def run(args) -> str:
     from orbit_dagster.sensors.interruptions import _followed, spot_interruption_sensor
     from orbit_dagster.sensors.prices import price_feed_sensor
     from orbit_dagster.sensors.queue import job_queue_sensor
+    from orbit_dagster.settings import Settings
 
     logging.disable(logging.INFO)  # the sensors log one line per job per tick
     tmp = tempfile.mkdtemp(prefix="sensor-tick-")

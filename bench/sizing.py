@@ -75,11 +75,11 @@ def fill(ledger, n: int) -> None:
 def tick_seconds(n: int) -> dict[str, float]:
     import dagster as dg
 
-    from orbit_dagster.settings import Settings
     from orbit_dagster.deploy.instance import dagster_instance
     from orbit_dagster.resources import OrbitResource
     from orbit_dagster.sensors.evaluations import checkpoint_evaluation_sensor
     from orbit_dagster.sensors.queue import job_queue_sensor
+    from orbit_dagster.settings import Settings
 
     settings = Settings.from_env()
     fill(settings.ledger(), n)
@@ -125,9 +125,9 @@ def follow_memory(k: int, mode: str) -> dict[str, float]:
     os.environ["ORBIT_FOLLOW"] = mode
     # Hand off after 5 s rather than the default 60 s, so the samples below come after it.
     os.environ["ORBIT_HANDOFF_AFTER_S"] = "5"
-    from orbit_dagster.settings import Settings
     from orbit_dagster.control.submit import cancel, submit
     from orbit_dagster.deploy.instance import Daemon, wait_for_daemon
+    from orbit_dagster.settings import Settings
 
     settings = Settings.from_env()
     daemon = Daemon(settings, say=lambda line: None).start()

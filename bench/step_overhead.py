@@ -43,9 +43,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from recording import replace_section  # noqa: E402
-
 import torch  # noqa: E402
+from recording import replace_section  # noqa: E402
 
 from orbit_dagster.core.templates import load_template  # noqa: E402
 from orbit_dagster.runtime import device as devices  # noqa: E402

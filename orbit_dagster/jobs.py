@@ -7,7 +7,7 @@ adds up and that every live checkpoint has been evaluated.
 """
 import dagster as dg
 
-from .assets.checks import checkpoint_integrity, every_checkpoint_evaluated, evaluation_metrics_valid
+from .assets.checks import checkpoint_integrity, evaluation_metrics_valid, every_checkpoint_evaluated
 
 # One asset per job, run in the run's own process: the multiprocess default would start a
 # second Python process (and import Dagster again) for every step.

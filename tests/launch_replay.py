@@ -39,7 +39,6 @@ from orbit_dagster.policy.offer_choice import RESTORE_PRIOR_S  # the control pla
 from orbit_dagster.policy.reclaim_rate import NoticeReliability, RateBook
 
 
-
 @dataclass(frozen=True)
 class Launch:
     """One attempt's platform timings on the trace clock, and the control plane's beliefs then."""

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from orbit_dagster.core.errors import OrbitError
 
-
 #: Reclaim notice per provider, in seconds: AWS's instance-action warning, GCE's preemption
 #: notice. The one copy (the trace market's clouds, the sim market and `orbit offers` read it).
 PROVIDER_NOTICE_S = {"aws": 120.0, "gce": 30.0}

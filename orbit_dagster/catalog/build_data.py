@@ -18,8 +18,7 @@ import sys
 from pathlib import Path
 
 from orbit_dagster.catalog import CatalogError
-from orbit_dagster.catalog.aws import (ADVISOR_FILE, is_gpu_instance_type, read_spot_advisor_csv,
-                                       read_spot_advisor_json)
+from orbit_dagster.catalog.aws import ADVISOR_FILE, is_gpu_instance_type, read_spot_advisor_csv, read_spot_advisor_json
 from orbit_dagster.catalog.gce import PRICE_COLUMNS, PRICES_FILE, SNAPSHOTS_FILE, TIME_COLUMN, parse_time
 from orbit_dagster.catalog.gpus import EPOCH_COLUMNS, EPOCH_FILE
 

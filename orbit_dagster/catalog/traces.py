@@ -29,7 +29,7 @@ __all__ = [
     "Trace", "TraceFormatError", "load_trace", "load_traces", "find_trace_files",
     "reclaim_offsets", "next_available", "up_runs",
     # re-exported lazily from catalog.reclaim_model (see __getattr__ below)
-    "ReclaimModel", "fit_reclaim_model", "generate_trace", "load_reclaim_model",
+    "ReclaimModel", "fit_reclaim_model", "generate_trace", "load_reclaim_model",  # noqa: F822 - lazy: __getattr__
 ]
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import click
 
-from ..settings import Settings
 from ..core.errors import OrbitError
 from ..core.submission import parse_set_args
+from ..settings import Settings
 
 
 def _settings() -> Settings:

@@ -20,15 +20,15 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..settings import Settings, environment
+from ..control.providers import provider_for
 from ..control.submit import submit
 from ..core.bundle import JobBundle
 from ..core.errors import OrbitError
 from ..deploy.instance import Daemon, ensure_dagster_home, wait_until_idle
-from ..control.providers import provider_for
 from ..ledger import records as R
 from ..providers.base import RunHandle
 from ..providers.sim.market import MarketConfig, ensure_market, write_market
+from ..settings import Settings, environment
 
 TEMPLATE = "charlm-finetune"
 SCALE = 60.0  # market seconds per wall second: a trace hour per wall minute

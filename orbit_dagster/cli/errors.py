@@ -116,9 +116,9 @@ def ledger_damage_line(exc: BaseException) -> str | None:
     if current is None or id(current) in seen:
         return None
     try:
-        from ..settings import Settings
         from ..ledger import Ledger
         from ..ledger.identity import inspect
+        from ..settings import Settings
 
         settings = Settings.from_env()
         ledger = Ledger(settings.ledger_url, home=settings.home)

@@ -15,18 +15,30 @@ from datetime import datetime
 
 from ..core.errors import OrbitError, ProviderError
 from ..core.failures import FailureClass, retried_as_interruption
-from ..core.host_contract import (Checkpoint, Entry, Exit, HostEvent, Metrics, Notice, Probe, Progress, Rejected,
-                                  Resumed, Started, fields_of)
+from ..core.host_contract import (
+    Checkpoint,
+    Entry,
+    Exit,
+    HostEvent,
+    Metrics,
+    Notice,
+    Probe,
+    Progress,
+    Rejected,
+    Resumed,
+    Started,
+    fields_of,
+)
 from ..core.lifecycle import JobState
 from ..ledger import Ledger, as_datetime, utcnow
 from ..ledger import records as R
 from ..providers.base import Provider, RunHandle, RunStatus
+from ..settings import Settings
 from . import checkpoints as C
 from . import handoff
 from .billing import attempt_checkpoints, release
 from .context import NullReporter, Reporter, bundle_and_provider, eval_suite_for, store_for
 from .dispatch import dispatch
-from ..settings import Settings
 
 FINAL_RUN_STATES = {"SUCCEEDED", "FAILED", "LOST", "CANCELLED"}
 # What a host's `started`, `notice`, `probe` and `resumed` lines become in the ledger: a

@@ -15,9 +15,9 @@ from ..core.lifecycle import JobState
 from ..ledger import Ledger, as_datetime, utcnow
 from ..ledger import records as R
 from ..providers.base import InstanceHandle, Provider, RunHandle
+from ..settings import Settings
 from . import checkpoints as C
 from .context import eval_suite_for, store_for
-from ..settings import Settings
 
 
 def instance_row(instance: InstanceHandle, purpose: str, job_id: str, run_id: str | None,

@@ -10,8 +10,8 @@ from ..core.bundle import JobBundle
 from ..ledger import Ledger
 from ..ledger import records as R
 from ..providers.base import Provider
-from .providers import provider_for
 from ..settings import Settings
+from .providers import provider_for
 
 T = TypeVar("T")
 U = TypeVar("U")

@@ -12,8 +12,8 @@ from datetime import datetime
 
 from ..catalog.listing import diff_catalogs, list_offers, offers_json
 from ..ledger import records as R
-from .observations import measured_tflops, observed_reclaims
 from ..settings import Settings
+from .observations import measured_tflops, observed_reclaims
 
 
 def refresh_catalog(settings: Settings, *, at: datetime | None = None) -> dict:

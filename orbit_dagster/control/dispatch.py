@@ -18,12 +18,12 @@ from ..core.lifecycle import JobState
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
 from ..providers.base import InstanceHandle, LaunchSpec, Provider, RunHandle
+from ..settings import Settings
 from . import checkpoints as C
 from .billing import instance_row, release
 from .context import Reporter, bundle_and_provider, eval_suite_for
 from .observations import probed_offers
 from .placement import rank_for
-from ..settings import Settings
 
 # An AWS instance can take ~10 minutes to boot; after this the reconciler ends the attempt.
 DISPATCH_TIMEOUT_S = 20 * 60.0
@@ -215,9 +215,9 @@ def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_
 
     from ..policy.checkpointing import OrbitInterval, StaticYoungDaly
     from ..policy.reclaim_rate import RateBook
-    from .placement import measured_save_seconds
-    from .observations import measured_step_seconds, observed_reclaims
     from .market_clock import time_scale
+    from .observations import measured_step_seconds, observed_reclaims
+    from .placement import measured_save_seconds
 
     scale = time_scale(provider)
     book = RateBook()

@@ -20,13 +20,13 @@ from ..core.host_contract import Entry, Evaluation
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
 from ..providers.base import InstanceHandle, LaunchSpec, Provider
+from ..settings import Settings
 from .billing import instance_row, release
 from .checkpoints import check_against_ledger
 from .context import NullReporter, Reporter
 from .dispatch import provision_first
 from .placement import rank_for
 from .providers import provider_for
-from ..settings import Settings
 
 MAX_EVAL_TRIES = 3  # hosts tried within one run (an evaluation reclaimed mid-way starts again elsewhere)
 MAX_EVAL_RUNS = 3  # runs per (checkpoint, suite) before it is FAILED for good

@@ -40,12 +40,12 @@ from ..core.bounded import check_size, memory_cap, printable_name, read_bounded,
 from ..core.bundle import JobBundle, build_bundle
 from ..core.config_schema import show
 from ..core.errors import OrbitError
-from ..core.templates import installed_template
 from ..core.lifecycle import JobState
-from ..ledger import utcnow
+from ..core.templates import installed_template
 from ..ledger import records as R
-from ..storage.base import MANIFEST, CheckpointManifest, StoreError, check_rel, checkpoint_dir_name, sha256_bytes
+from ..ledger import utcnow
 from ..settings import Settings
+from ..storage.base import MANIFEST, CheckpointManifest, StoreError, check_rel, checkpoint_dir_name, sha256_bytes
 from .submit import ensure_experiment
 
 STEP_RE = re.compile(r"(\d{1,12})$")

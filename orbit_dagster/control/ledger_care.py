@@ -29,8 +29,8 @@ from ..core.errors import OrbitError
 from ..ledger import Ledger, LedgerDamaged
 from ..ledger.errors import RECOVERY_DOC
 from ..ledger.identity import Verdict, inspect
-from ..storage.base import CheckpointManifest, StoreError, check_name, parse_checkpoint_dir
 from ..settings import Settings
+from ..storage.base import CheckpointManifest, StoreError, check_name, parse_checkpoint_dir
 
 EXIT_CONSISTENT, EXIT_DISAGREES, EXIT_UNUSABLE = 0, 1, 3
 

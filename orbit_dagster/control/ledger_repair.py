@@ -39,10 +39,10 @@ from ..ledger import records as R
 from ..ledger.health import move_aside
 from ..ledger.identity import inspect, read_id
 from ..ledger.store import Tx
+from ..settings import Settings
 from .checkpoints import row_from_event
 from .ledger_care import CheckReport, DiskCheckpoint, Finding, check, raw_ledger
 from .lineage import lineage_id
-from ..settings import Settings
 from .submit import _bundle_row, ensure_experiment
 
 LOST = "re-registered by `orbit ledger repair`: the ledger lost this job"

@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 from ..core.errors import NotFound
 from ..ledger import records as R
 from ..providers.base import RunHandle
-from .context import bundle_and_provider
 from ..settings import Settings
+from .context import bundle_and_provider
 
 
 def _when(ts: float | None) -> str:

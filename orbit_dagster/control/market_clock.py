@@ -1,8 +1,8 @@
 """The simulated market of these settings: its clock, and whether it reclaims."""
 from __future__ import annotations
 
-from ..providers.sim.provider import NoReclaims, ReclaimSchedule
 from ..providers.sim.market import MarketConfig, TraceReclaims, ensure_market
+from ..providers.sim.provider import NoReclaims, ReclaimSchedule
 from ..settings import Settings
 
 

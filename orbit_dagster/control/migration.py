@@ -26,13 +26,13 @@ from ..policy.migration import risk_rising, should_migrate
 from ..policy.offer_choice import RESTORE_PRIOR_S
 from ..policy.reclaim_rate import ReclaimRateEstimator
 from ..providers.base import RunHandle
+from ..settings import Settings
 from .billing import instance_row, release
 from .context import Attempts, bundle_and_provider
+from .market_clock import time_scale
 from .observations import measured_step_seconds
 from .placement import measured_save_seconds, rank_for
 from .reconcile import active_attempts
-from ..settings import Settings
-from .market_clock import time_scale
 
 WINDOWS = 4  # three rises need four windows
 

@@ -5,9 +5,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ..ledger import records as R
+from ..settings import Settings
 from .context import bundle_at
 from .providers import provider_for
-from ..settings import Settings
 
 
 @dataclass

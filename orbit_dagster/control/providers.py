@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Callable, Iterator
+from types import MappingProxyType
+from typing import Any, Callable, Iterator, Mapping
 
 from ..core.errors import OrbitError
 from ..providers.base import Provider
@@ -57,7 +58,8 @@ REGISTRY: dict[str, Callable[[Settings], Provider]] = {
 # The GPU-rental resources of the Dagster run or sensor being evaluated (resources/rentals.py)
 # replace the default factories for as long as it runs: the control plane below them asks
 # for a provider by backend key and gets the one the resource configured.
-_ACTIVE: ContextVar[dict[str, Callable[[Settings], Provider]]] = ContextVar("orbit_provider_factories", default={})
+_ACTIVE: ContextVar[Mapping[str, Callable[[Settings], Provider]]] = ContextVar(
+    "orbit_provider_factories", default=MappingProxyType({}))  # read-only: set() replaces it, never mutates
 
 
 @contextmanager

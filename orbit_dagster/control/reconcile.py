@@ -31,11 +31,11 @@ from ..core.lifecycle import JobState
 from ..ledger import Ledger
 from ..ledger import records as R
 from ..providers.base import InstanceHandle, RunHandle
+from ..settings import Settings
 from .billing import attempt_checkpoints, close_lost_attempt, release, stop_cancelled
 from .context import Attempts, bundle_and_provider, concurrently
 from .handoff import WATCH, Watch
 from .recovery import recover_lost
-from ..settings import Settings
 
 Followed = Callable[[str, int], bool]
 LOST_GRACE_S = 15.0

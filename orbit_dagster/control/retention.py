@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 
 from ..core.bundle import JobBundle
-from ..ledger import utcnow
 from ..ledger import records as R
-from ..ledger import rollups
+from ..ledger import rollups, utcnow
+from ..settings import Settings
 from ..storage import store_of
 from .best import primary_metric_for
-from ..settings import Settings
 
 
 def plan(checkpoints: list[dict], *, keep_latest: int, keep_best: int, mode: str) -> tuple[set[str], set[str]]:

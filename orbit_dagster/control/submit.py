@@ -14,11 +14,11 @@ from ..core.bundle import JobBundle, build_bundle
 from ..core.errors import OrbitError
 from ..core.lifecycle import TERMINAL, JobState
 from ..core.templates import TaskTemplate
-from ..ledger import utcnow
 from ..ledger import records as R
+from ..ledger import utcnow
 from ..ledger.store import Tx
-from .lineage import next_lineage
 from ..settings import Settings
+from .lineage import next_lineage
 from .validate import validate_retry, validate_submission
 
 
@@ -120,9 +120,9 @@ def retry(settings: Settings, job_id: str, overrides: dict[str, Any] | None = No
 def cancel(settings: Settings, job_id: str, *, reason: str = "cancelled by a person") -> bool:
     """Cancel the job's current attempt and stop what it rents now: the workload is stopped, the
     instance released and billed to the second. False if the job had already ended."""
+    from ..providers.base import RunHandle
     from .billing import stop_cancelled
     from .context import bundle_and_provider
-    from ..providers.base import RunHandle
 
     ledger = settings.ledger()
     row = R.require_job(ledger, job_id)

@@ -163,7 +163,7 @@ def fix_for(model: type[BaseModel], loc: list[str], kind: str, field: str) -> st
         return f"see the model that declares {field}"
     defs = schema.get("$defs", {})
     node: dict = schema
-    for i, part in enumerate(loc):
+    for part in loc:
         node = _resolve(node, defs)
         props = node.get("properties", {})
         if part not in props:

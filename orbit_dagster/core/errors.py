@@ -1,7 +1,6 @@
 """Error types a person sees: each names the field, the value and the fix."""
 from __future__ import annotations
 
-
 MAX_MESSAGE_CHARS = 1500  # an error is a line a person reads: a message quoting a huge value is cut here too
 MAX_FIX_CHARS = 1000
 

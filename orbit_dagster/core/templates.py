@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, StrictInt, StringConstraints, ValidationError, ValidationInfo,
-                      field_validator)
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, ValidationError, ValidationInfo, field_validator
 
 from . import safe_yaml
 from .bounded import read_text_bounded

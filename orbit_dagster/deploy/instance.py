@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from ..settings import Settings, environment as process_environment
+from ..settings import Settings
+from ..settings import environment as process_environment
 from .locks import DaemonLock, foreign_heartbeats, storage_initialised
 from .profiles import DEFAULT_POOLS, Profile, render_dagster_yaml
 

@@ -26,8 +26,17 @@ when it is absent.
 from __future__ import annotations
 
 from ..control.capacity import POOL_TAG, TRAIN_POOL_TAG  # the tags the limits rendered here count
-from ..settings.deployment import (CONTROL_SLOTS, DEFAULT_POOLS, FOLLOW_MODES, PLACEMENTS, PROFILES, Pool,
-                                   PostgresServer, Profile, parse_pools)
+from ..settings.deployment import (
+    CONTROL_SLOTS,
+    DEFAULT_POOLS,
+    FOLLOW_MODES,
+    PLACEMENTS,
+    PROFILES,
+    Pool,
+    PostgresServer,
+    Profile,
+    parse_pools,
+)
 
 __all__ = ["CONTROL_SLOTS", "DEFAULT_POOLS", "FOLLOW_MODES", "PLACEMENTS", "PROFILES", "POOL_TAG", "TRAIN_POOL_TAG",
            "Pool", "PostgresServer", "Profile", "parse_pools", "pool_tags", "job_pools", "render_dagster_yaml"]

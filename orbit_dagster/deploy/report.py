@@ -6,8 +6,8 @@ from typing import Any
 
 import yaml
 
-from ..settings import Settings
 from ..control.capacity import limits_from_tags
+from ..settings import Settings
 
 
 def _storage(cfg: dict) -> str:

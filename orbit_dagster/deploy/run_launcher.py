@@ -33,8 +33,8 @@ class OrbitRunLauncher(DefaultRunLauncher):
 
     def _verdict(self, run: DagsterRun):
         # Imported on use: every Dagster process loads this class with its instance.
-        from ..settings import Settings
         from ..ops.runs import verdicts
+        from ..settings import Settings
 
         settings = Settings.from_env()
         records = list(self._instance.get_run_records(RunsFilter(run_ids=[run.run_id])))

@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 from typing import IO, Callable
 
-from .code_server import CodeServerAddress, PrivateDir, answers, default_socket, server_argv
-from ..settings import Settings
 from ..core.errors import OrbitError
-from .instance import (dagster_home, environment, foreign_daemon, prepare_instance, profile, running_daemon,
-                       wait_for_daemon)
+from ..settings import Settings
+from .code_server import CodeServerAddress, PrivateDir, answers, default_socket, server_argv
+from .instance import dagster_home, environment, foreign_daemon, prepare_instance, profile, running_daemon, wait_for_daemon
 from .locks import DaemonLock, foreign_daemon_refusal
 from .services import Child, ServiceFailed, Supervisor, daemon_argv, say, wait_for_http, webserver_argv
 

@@ -63,7 +63,7 @@ def backup(source: Path, dest: Path) -> dict:
             check = out.execute("PRAGMA integrity_check").fetchone()[0]
             if check != "ok":
                 raise LedgerError(f"the copy of {source} does not pass SQLite's integrity check ({check[:200]})",
-                                  field="ledger", value=str(source), fix=f"the ledger itself may be damaged: run "
+                                  field="ledger", value=str(source), fix="the ledger itself may be damaged: run "
                                                                          "`orbit ledger check`")
             ledger_id = out.execute("SELECT ledger_id FROM ledger_identity LIMIT 1").fetchone()
             pages = out.execute("PRAGMA page_count").fetchone()[0]

@@ -251,7 +251,7 @@ def admit(ledger, *, home: Path | None = None, accept: bool = False, note: str |
     `accept` (`orbit ledger repair`): a missing, unclaimed or (PostgreSQL) other ledger is
     taken as the home's from now on; a damaged file is still refused (repair moves it aside).
     `note` goes into the record beside the id an entry named before."""
-    from .migrations import LATEST, upgrade_schema, refuse_legacy_home
+    from .migrations import LATEST, refuse_legacy_home, upgrade_schema
 
     refuse_legacy_home(ledger)
     home = Path(home) if home is not None else ledger.home

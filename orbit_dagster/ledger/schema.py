@@ -25,7 +25,7 @@ import sqlalchemy as sa
 ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements INTEGER keys only
 T = sa.Text
 F = sa.Double
-I = sa.BigInteger
+I = sa.BigInteger  # noqa: E741 - one letter per column type keeps the tables readable
 
 
 def col(name: str, type_=T, **kw) -> sa.Column:

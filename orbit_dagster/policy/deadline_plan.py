@@ -22,8 +22,17 @@ import numpy as np
 from orbit_dagster.catalog.reclaim_model import ReclaimModel, load_reclaim_model
 from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.policy.deadline import (
-    MIN_DECISION_TICK_S, NONE, OD, SPOT, DeadlineResult, DeadlineSetup, Mode, Observation, loss_ticks_for,
-    run_deadline, safe_actions,
+    MIN_DECISION_TICK_S,
+    NONE,
+    OD,
+    SPOT,
+    DeadlineResult,
+    DeadlineSetup,
+    Mode,
+    Observation,
+    loss_ticks_for,
+    run_deadline,
+    safe_actions,
 )
 
 BIG = 1e12  # "deadline missed": large but finite so that 0 * BIG stays 0

@@ -268,7 +268,7 @@ def hindsight(trace: Trace, jobs: list[JobParams], *, uses_notice: bool,
     best_key: tuple | None = None
     best: tuple[float, list[ReplayResult]] | None = None
     for tau in grid:
-        rs = replay_jobs(trace, lambda: FixedInterval(tau, uses_notice=uses_notice, name="hindsight"), jobs)
+        rs = replay_jobs(trace, lambda tau=tau: FixedInterval(tau, uses_notice=uses_notice, name="hindsight"), jobs)
         if curve is not None:
             curve[tau] = sum(r.overhead_s for r in rs) / len(rs)
         key = (-sum(r.finished for r in rs), sum(r.paid_s for r in rs), sum(r.wasted_s for r in rs))

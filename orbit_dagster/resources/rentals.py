@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterator, Optional
 import dagster as dg
 
 from ..control import providers as registry
-from ..settings import Settings
 from ..providers.base import Provider
+from ..settings import Settings
 
 
 class SimMarketResource(dg.ConfigurableResource):

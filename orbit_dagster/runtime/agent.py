@@ -128,10 +128,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def classify_exception(exc: BaseException) -> tuple[int, str]:
-    from .sdk import Diverged, Preempted
-
     from ..storage.base import StoreError
-    from .sdk import CheckpointMismatch
+    from .sdk import CheckpointMismatch, Diverged, Preempted
 
     if isinstance(exc, Preempted):
         return EXIT_PREEMPTED, str(exc)

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
+from ..core.host_contract import Checkpoint
 from ..storage.base import CheckpointManifest, CheckpointStore, checkpoint_dir_name
 from . import delta as D
 from .encoding import encode, has_cuda, stage, weights_digest
-from ..core.host_contract import Checkpoint
 from .events import EventWriter
 
 __all__ = ["STATE_FILE", "MEMORY_BUDGET", "Checkpointer", "weights_digest"]  # weights_digest: the control plane's too

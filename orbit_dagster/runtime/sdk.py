@@ -21,11 +21,11 @@ from typing import Any, Callable
 
 import torch
 
+from ..core.host_contract import Device, Evaluation, Loaded, Metrics, Progress, Resumed
 from ..storage.base import CheckpointStore
 from . import device as devices
 from .checkpointing import STATE_FILE, Checkpointer
 from .delta import DELTA_KEY, apply_delta, is_delta
-from ..core.host_contract import Device, Evaluation, Loaded, Metrics, Progress, Resumed
 from .events import EventWriter
 from .notices import NoticeWatcher
 

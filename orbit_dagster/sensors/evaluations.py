@@ -11,10 +11,10 @@ import dagster as dg
 from ..assets.partitions import checkpoint_partition_requests, partition_of
 from ..control.capacity import capacity
 from ..control.evaluate import eval_run_key, pending_evaluations, skip_deleted, stale_evaluations
+from ..deploy.profiles import pool_tags
 from ..jobs import eval_job
 from ..ops.rental import abandoned_eval_request, rental_job
 from ..ops.runs import IN_PROGRESS, in_flight_tags, tag_limits, verdicts
-from ..deploy.profiles import pool_tags
 from ..resources import OrbitResource
 
 BATCH = 50  # sensors time out at 60 s; partition-key validation of many requests counts

@@ -14,10 +14,10 @@ from datetime import datetime, timezone
 import dagster as dg
 
 from ..control.reconcile import decide
+from ..deploy.profiles import job_pools, pool_tags
 from ..jobs import train_job
 from ..ops.rental import decision_request, rental_job
 from ..ops.runs import IN_PROGRESS, verdicts
-from ..deploy.profiles import job_pools, pool_tags
 from ..resources import AwsSpotResource, OrbitResource, SimMarketResource, SshRentalResource, active
 
 # How long a crashed run's pending retry holds off a re-attach (the retry daemon polls in seconds).

@@ -16,9 +16,9 @@ import dagster as dg
 from ..assets.partitions import JOBS, jobs_partitions
 from ..control.capacity import capacity
 from ..control.queue import fail_undispatched, queued_jobs
+from ..deploy.profiles import pool_tags
 from ..jobs import train_job
 from ..ops.runs import in_flight_tags, tag_limits
-from ..deploy.profiles import pool_tags
 from ..resources import OrbitResource
 
 MAX_RUNS_PER_ATTEMPT = 3

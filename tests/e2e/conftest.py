@@ -1,8 +1,8 @@
 """One real Dagster instance (daemon and sensors ticking) shared by the end-to-end tests."""
 import pytest
 
-from orbit_dagster.settings import Settings
 from orbit_dagster.cli.demo import run_demo
+from orbit_dagster.settings import Settings
 
 # Small enough for CI, large enough for four checkpoints and their evaluations.
 E2E_OVERRIDES = {"config.steps": 48, "checkpoint.every_steps": 12}

@@ -5,7 +5,6 @@ job); `orbit code-server` serves a daemon pointed at it; on the
 team profile, a run worker killed outright is retried and the job finishes on its first
 attempt, launched once."""
 import os
-from collections import Counter
 import re
 import signal
 import socket
@@ -13,16 +12,17 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
 from orbit_dagster.deploy.instance import Daemon, dagster_instance, ensure_dagster_home, wait_for_daemon
-from orbit_dagster.ledger import records as R
 from orbit_dagster.deploy.services import ANSI, TICK_NOISE
+from orbit_dagster.ledger import records as R
+from orbit_dagster.settings import Settings
 from tests.daemon_support import code_servers
 from tests.helpers import wait_for
 from tests.postgres import postgres, team_profile  # noqa: F401 - fixtures

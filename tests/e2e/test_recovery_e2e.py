@@ -9,11 +9,11 @@ import pytest
 
 from orbit_dagster.control.providers import provider_for
 from orbit_dagster.control.reconcile import reconcile
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
 from orbit_dagster.deploy.instance import Daemon, dagster_instance
 from orbit_dagster.ledger import records as R
 from orbit_dagster.providers.base import RunHandle
+from orbit_dagster.settings import Settings
 from tests import helpers
 
 pytestmark = pytest.mark.e2e

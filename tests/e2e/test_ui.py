@@ -92,6 +92,6 @@ def test_ui_listens_on_loopback_only(webserver):
     if shutil.which("ss"):
         assert out.strip() and all("127.0.0.1:" in line for line in out.strip().splitlines())
     else:
-        listening = [l.split() for l in out.splitlines()[1:] if l.split()[3] == "0A"]
-        ours = [l for l in listening if int(l[1].split(":")[1], 16) == port]
-        assert ours and all(l[1].startswith("0100007F:") for l in ours)
+        listening = [row.split() for row in out.splitlines()[1:] if row.split()[3] == "0A"]
+        ours = [row for row in listening if int(row[1].split(":")[1], 16) == port]
+        assert ours and all(row[1].startswith("0100007F:") for row in ours)

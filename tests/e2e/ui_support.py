@@ -20,8 +20,8 @@ from typing import Iterator
 
 import pytest
 
-from orbit_dagster.settings import Settings
 from orbit_dagster.deploy.instance import Daemon, dagster_instance, environment
+from orbit_dagster.settings import Settings
 from tests import helpers
 
 CHROMIUM = shutil.which("chromium")

@@ -25,16 +25,16 @@ from orbit_dagster.catalog.traces import Trace, load_trace, next_available, recl
 from orbit_dagster.control import attempt as attempt_module
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.migration import consider_migrations
-from orbit_dagster.control.providers import using
-from orbit_dagster.settings import Settings
-from orbit_dagster.control.submit import submit
-from orbit_dagster.core.offers import Offer
 from orbit_dagster.control.observations import measured_step_seconds
 from orbit_dagster.control.placement import measured_save_seconds
-from orbit_dagster.ledger import records as R
-from orbit_dagster.providers.sim.provider import SimProvider
+from orbit_dagster.control.providers import using
+from orbit_dagster.control.submit import submit
 from orbit_dagster.core.errors import OrbitError
+from orbit_dagster.core.offers import Offer
+from orbit_dagster.ledger import records as R
 from orbit_dagster.providers.sim.market import MarketConfig, TraceReclaims, load_traces_for, read_market, write_market
+from orbit_dagster.providers.sim.provider import SimProvider
+from orbit_dagster.settings import Settings
 from tests.launch_replay import Launch, Move, Tick
 
 WORKLOAD = Path(__file__).parent / "paced_workload"

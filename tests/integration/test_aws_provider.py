@@ -22,19 +22,18 @@ import pytest
 from orbit_dagster.catalog.aws import SpotPrice
 from orbit_dagster.core.bundle import build_bundle
 from orbit_dagster.core.errors import HostKeyMismatch, ProviderError
-from orbit_dagster.core.host_contract import Entry, Metrics, Notice
 from orbit_dagster.core.execution import Resources
+from orbit_dagster.core.host_contract import Entry, Metrics, Notice
 from orbit_dagster.core.offers import Offer
 from orbit_dagster.core.submission import TaskSubmission, apply_overrides
 from orbit_dagster.core.templates import load_template
-from orbit_dagster.providers.aws.provider import AwsSpotProvider
 from orbit_dagster.providers.aws.bootstrap import host_key_from_user_data
 from orbit_dagster.providers.aws.errors import transition_time
+from orbit_dagster.providers.aws.provider import AwsSpotProvider
 from orbit_dagster.providers.base import LaunchSpec, RunHandle, RunStatus
 from orbit_dagster.storage import open_store
 from tests.helpers import wait_for
-from tests.integration.moto_fixtures import (REGION, ami, aws_env, client, ec2_host, moto_ami,  # noqa: F401
-                                             moto_server, s3_bucket)
+from tests.integration.moto_fixtures import REGION, ami, aws_env, client, ec2_host, moto_ami, moto_server, s3_bucket  # noqa: F401
 
 PRICE_TS = datetime(2026, 1, 1, tzinfo=timezone.utc)
 # An operator-supplied price (moto's are placeholders): g6.xlarge (1x L4) at $0.35/h in use1-az1.

@@ -12,13 +12,13 @@ from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.discovery import refresh_catalog
 from orbit_dagster.control.placement import rank_for
 from orbit_dagster.control.prices import ingest_prices
-from orbit_dagster.core.execution import ExecutionRequest, Resources
-from orbit_dagster.providers.sim.provider import SimProvider
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import cancel, submit
+from orbit_dagster.core.execution import ExecutionRequest, Resources
 from orbit_dagster.ledger import records as R
+from orbit_dagster.providers.sim.provider import SimProvider
 from orbit_dagster.resources import OrbitResource
 from orbit_dagster.schedules.backfill import eval_backfill_sensor
+from orbit_dagster.settings import Settings
 from tests.helpers import wait_for
 
 

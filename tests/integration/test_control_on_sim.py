@@ -7,9 +7,9 @@ import pytest
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.best import compute_best
 from orbit_dagster.control.evaluate import evaluate_checkpoint
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import retry, submit
 from orbit_dagster.core.errors import OrbitError
+from orbit_dagster.settings import Settings
 
 FAST = {"config.steps": 24, "checkpoint.every_steps": 8}
 

@@ -17,11 +17,11 @@ from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.handoff import Watch
 from orbit_dagster.control.providers import provider_for
 from orbit_dagster.control.reconcile import decide
-from orbit_dagster.core.host_contract import Metrics
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import cancel, submit
+from orbit_dagster.core.host_contract import Metrics
 from orbit_dagster.ledger import records as R
 from orbit_dagster.providers.base import RunHandle
+from orbit_dagster.settings import Settings
 from tests.helpers import Background, wait_for
 
 CFG = {"config.steps": 60, "checkpoint.every_steps": 20, "checkpoint.interval_policy": "fixed"}

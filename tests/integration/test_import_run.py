@@ -10,12 +10,12 @@ import pytest
 
 from orbit_dagster.control.best import compute_best
 from orbit_dagster.control.evaluate import evaluate_checkpoint
-from orbit_dagster.settings import Settings
 from orbit_dagster.core.bundle import build_bundle
 from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.core.submission import TaskSubmission, apply_overrides
 from orbit_dagster.core.templates import load_template
 from orbit_dagster.deploy.instance import dagster_instance
+from orbit_dagster.settings import Settings
 
 
 @pytest.fixture(scope="module")

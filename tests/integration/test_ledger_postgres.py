@@ -13,13 +13,13 @@ import pytest
 import yaml
 
 from orbit_dagster.control.best import rank_best
-from orbit_dagster.settings import Settings
 from orbit_dagster.core.lifecycle import JobState
 from orbit_dagster.ledger import Ledger, LedgerError
 from orbit_dagster.ledger import queries as Q
 from orbit_dagster.ledger import records as R
 from orbit_dagster.ledger.face import SqlRefused
 from orbit_dagster.ledger.migrations import LATEST
+from orbit_dagster.settings import Settings
 from tests.postgres import postgres, team_profile  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.integration

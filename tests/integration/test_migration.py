@@ -5,10 +5,10 @@ from datetime import datetime, timedelta, timezone
 
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.migration import consider_migrations, risk_history
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import cancel, submit
 from orbit_dagster.ledger import records as R
 from orbit_dagster.providers.base import RunHandle
+from orbit_dagster.settings import Settings
 from tests.helpers import wait_for
 
 

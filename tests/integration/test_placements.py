@@ -4,11 +4,10 @@ import pytest
 
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.evaluate import evaluate_checkpoint
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
+from orbit_dagster.settings import Settings
 from orbit_dagster.storage import store_of
-from tests.integration.moto_fixtures import (REGION, ami, aws_env, ec2_host, moto_ami,  # noqa: F401
-                                             moto_server, s3_bucket)
+from tests.integration.moto_fixtures import REGION, ami, aws_env, ec2_host, moto_ami, moto_server, s3_bucket  # noqa: F401
 
 SMALL = {"config.steps": 8, "checkpoint.every_steps": 4}
 

@@ -27,13 +27,19 @@ import threading
 import pytest
 
 from orbit_dagster.catalog.traces import load_trace
-from orbit_dagster.settings import Settings
 from orbit_dagster.policy.checkpointing import OrbitInterval
-from tests.launch_replay import ControlJob, replay_control
 from orbit_dagster.policy.simulate import JobParams, replay
+from orbit_dagster.settings import Settings
 from tests.conftest import kill_processes_under, shared_data_dir
-from tests.integration.replay_driver import (SegmentRun, measured_launches, paced_template, serialise_metric_flushes,
-                                             timeline, trace_offer)
+from tests.integration.replay_driver import (
+    SegmentRun,
+    measured_launches,
+    paced_template,
+    serialise_metric_flushes,
+    timeline,
+    trace_offer,
+)
+from tests.launch_replay import ControlJob, replay_control
 
 pytestmark = pytest.mark.integration
 

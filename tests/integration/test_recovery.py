@@ -10,10 +10,10 @@ import pytest
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.providers import provider_for
 from orbit_dagster.control.recovery import recover_lost
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import cancel, submit
 from orbit_dagster.ledger import records as R
 from orbit_dagster.providers.base import RunHandle
+from orbit_dagster.settings import Settings
 from orbit_dagster.storage import open_store
 from tests.helpers import Background, wait_for
 

@@ -9,9 +9,9 @@ import pytest
 from dagster._core.test_utils import in_process_test_workspace
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
-from orbit_dagster.settings import Settings
 from orbit_dagster.core.lifecycle import JobState
 from orbit_dagster.ledger import records as R
+from orbit_dagster.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -308,8 +308,8 @@ def test_an_unreachable_host_is_a_network_error_then_not_alive_after_the_grace(s
 # ---- the control plane through this provider ----------------------------------------------
 def test_the_control_plane_runs_an_attempt_on_the_ssh_host(ssh_inventory, tmp_path, orbit_home, monkeypatch):
     from orbit_dagster.control.attempt import run_attempt
-    from orbit_dagster.settings import Settings
     from orbit_dagster.control.submit import submit
+    from orbit_dagster.settings import Settings
 
     monkeypatch.setenv("ORBIT_SSH_HOSTS", str(ssh_inventory()))  # what a user sets; submit checks it fits
     settings = Settings.from_env(orbit_home)

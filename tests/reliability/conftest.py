@@ -6,7 +6,6 @@ import uuid
 import pytest
 
 from orbit_dagster.control.attempt import run_attempt
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import _bundle_row, ensure_experiment, submit
 from orbit_dagster.core.bundle import build_bundle
 from orbit_dagster.core.lifecycle import JobState
@@ -14,6 +13,7 @@ from orbit_dagster.core.submission import TaskSubmission, apply_overrides
 from orbit_dagster.core.templates import load_template
 from orbit_dagster.ledger import records as R
 from orbit_dagster.ledger import utcnow
+from orbit_dagster.settings import Settings
 from tests.reliability.faults import (  # noqa: F401 - pytest finds hooks by name
     pytest_collection_modifyitems,
     pytest_configure,

@@ -17,7 +17,6 @@ from urllib.parse import unquote, urlparse
 
 from tests.conftest import REPO
 
-
 # ---- files --------------------------------------------------------------------------------
 
 def path_of(uri: str) -> Path:

@@ -24,13 +24,20 @@ from typing import Callable
 
 import dagster as dg
 
-from orbit_dagster.settings import Settings
-from orbit_dagster.control.submit import submit
 from orbit_dagster.cli.demo import ReferenceRun
+from orbit_dagster.control.submit import submit
 from orbit_dagster.deploy.instance import Daemon, dagster_instance
 from orbit_dagster.ledger import records as R
-from tests.reliability.control_plane import (bill_of, checkpoints_on_disk, control_plane, materializations,
-                                             processes_of, sigkill, wait_gone)
+from orbit_dagster.settings import Settings
+from tests.reliability.control_plane import (
+    bill_of,
+    checkpoints_on_disk,
+    control_plane,
+    materializations,
+    processes_of,
+    sigkill,
+    wait_gone,
+)
 
 ACTIONS = ("run_worker", "code_server", "daemon", "supervisor_group", "control_plane", "machine", "host_process",
            "host_group")

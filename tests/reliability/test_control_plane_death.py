@@ -11,13 +11,13 @@ import uuid
 
 import pytest
 
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import cancel, submit
 from orbit_dagster.deploy.instance import Daemon
 from orbit_dagster.ledger import records as R
+from orbit_dagster.settings import Settings
 from tests import helpers
 from tests.conftest import kill_processes_under
-from tests.reliability.control_plane import (bill_of)
+from tests.reliability.control_plane import bill_of
 from tests.security.test_cli_errors import fill
 
 # Reconcile's promise: within one interval of the daemon being back (2 minutes), plus the

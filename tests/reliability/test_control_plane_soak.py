@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from orbit_dagster.settings import Settings
 from orbit_dagster.deploy.services import say
+from orbit_dagster.settings import Settings
 from tests.postgres import postgres, team_profile  # noqa: F401 - fixtures
 from tests.reliability.soak import Soak
 

@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from orbit_dagster.settings import Settings
 from orbit_dagster.deploy.instance import Daemon, dagster_instance, running_daemon
 from orbit_dagster.deploy.logs import DISK_ERROR
+from orbit_dagster.settings import Settings
 from tests.conftest import kill_processes_under
-from tests.daemon_support import (code_servers, descendants, ours_alive, sensor_ticks, start_orbit, stop,
-                                  ticks_after, wait_text)
+from tests.daemon_support import code_servers, descendants, ours_alive, sensor_ticks, start_orbit, stop, ticks_after, wait_text
 from tests.helpers import wait_for
 
 UP = "daemon up after"

@@ -13,7 +13,6 @@ import pytest
 from orbit_dagster.cli.commands import main
 from orbit_dagster.control.attempt import outcome_of, run_attempt
 from orbit_dagster.control.liveness import process_start
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.providers import provider_for
 from orbit_dagster.control.reconcile import reconcile
 from orbit_dagster.control.submit import cancel, submit
@@ -22,6 +21,7 @@ from orbit_dagster.core.lifecycle import JobState
 from orbit_dagster.ledger import records as R
 from orbit_dagster.providers.base import InstanceHandle, RunHandle, RunStatus
 from orbit_dagster.providers.ssh.provider import run_status as ssh_run_status
+from orbit_dagster.settings import Settings
 from orbit_dagster.storage import open_store
 from orbit_dagster.storage.base import CheckpointManifest, StoreError
 from tests.helpers import Background, wait_for

@@ -27,12 +27,12 @@ from orbit_dagster.control.evaluate import (
 )
 from orbit_dagster.control.importer import import_run
 from orbit_dagster.control.providers import provider_for
-from orbit_dagster.settings import Settings
 from orbit_dagster.core.errors import CheckpointIntegrityError, OrbitError, ProviderError
 from orbit_dagster.ledger import records as R
 from orbit_dagster.ledger import utcnow
 from orbit_dagster.providers.base import InstanceHandle
 from orbit_dagster.providers.sim.provider import SimProvider
+from orbit_dagster.settings import Settings
 from orbit_dagster.storage import store_of
 from tests.conftest import kill_processes_under
 from tests.helpers import wait_for

@@ -8,15 +8,14 @@ import os
 import time
 
 import pytest
-import sqlalchemy.exc
 
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.reconcile import reconcile
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
-from orbit_dagster.ledger import records as R
 from orbit_dagster.core.host_contract import Checkpoint, Progress, Rejected
+from orbit_dagster.ledger import records as R
 from orbit_dagster.providers.common import read_event_file
+from orbit_dagster.settings import Settings
 from orbit_dagster.storage import open_store
 from orbit_dagster.storage.base import CheckpointManifest
 from orbit_dagster.storage.fs import TEMP_MAX_AGE_S, sweep_temp_dirs

@@ -15,9 +15,9 @@ import pytest
 
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.checkpoints import register
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
 from orbit_dagster.ledger import records as R
+from orbit_dagster.settings import Settings
 from orbit_dagster.storage import CheckpointManifest, checkpoint_dir_name, open_store
 from orbit_dagster.storage.base import sha256_bytes
 from tests.helpers import wait_for
@@ -318,9 +318,8 @@ def test_repair_brings_back_a_trained_job_whose_retry_resumes_from_its_newest_ch
 def test_sqlite_damage_that_reaches_the_cli_unwrapped_names_the_ledger_only_when_it_is_the_ledger(
         settings, orbit_home, monkeypatch):
     """A defect of ours that lets SQLite's own error through, in-process (a mock of one function)."""
-    from tests.security.test_cli_errors import run_main
-
     import orbit_dagster.control.submit as submit_module
+    from tests.security.test_cli_errors import run_main
 
     def boom(*_a, **_k):
         raise sqlite3.DatabaseError("database disk image is malformed")

@@ -21,14 +21,14 @@ import pytest
 from dagster._core.scheduler.instigation import InstigatorType
 
 from orbit_dagster.control.providers import provider_for
-from orbit_dagster.core.host_contract import Metrics
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
+from orbit_dagster.core.host_contract import Metrics
 from orbit_dagster.deploy.instance import Daemon, dagster_instance, ensure_dagster_home, wait_for_daemon
-from orbit_dagster.ledger import records as R
 from orbit_dagster.deploy.profiles import POOL_TAG, TRAIN_POOL_TAG
+from orbit_dagster.ledger import records as R
 from orbit_dagster.providers.base import RunHandle
 from orbit_dagster.resources import OrbitResource
+from orbit_dagster.settings import Settings
 from tests.helpers import wait_for
 from tests.postgres import postgres, team_profile  # noqa: F401 - fixtures
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from orbit_dagster.cli.commands import main
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import submit
+from orbit_dagster.settings import Settings
 from tests.reliability import inject
 
 SECRET = "s3cr3t-value-never-shown"

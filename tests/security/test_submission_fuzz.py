@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from orbit_dagster.cli.commands import main
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.validate import check_serviceable
 from orbit_dagster.core.templates import load_template, typed_template
+from orbit_dagster.settings import Settings
 
 ALLOWED = list(load_template("charlm-finetune").allow_overrides)
 MIB = "x" * (1 << 20)

@@ -20,16 +20,15 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from orbit_dagster.cli.commands import main
-from orbit_dagster.settings import Settings
 from orbit_dagster.core.config_schema import show
 from orbit_dagster.core.errors import TemplateError
 from orbit_dagster.core.templates import MAX_TEMPLATE_BYTES, parse_template
+from orbit_dagster.settings import Settings
 from orbit_dagster.storage.base import MANIFEST, CheckpointManifest
 from tests.reliability import inject
 from tests.security.measure import orbit

@@ -19,10 +19,10 @@ from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.checkpoints import newest_complete
 from orbit_dagster.control.evaluate import evaluate_checkpoint
 from orbit_dagster.control.importer import import_run
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.submit import retry, submit
 from orbit_dagster.core.errors import CheckpointIntegrityError, OrbitError
 from orbit_dagster.ledger import records as R
+from orbit_dagster.settings import Settings
 from orbit_dagster.storage.base import MANIFEST, CheckpointManifest
 from tests.reliability import inject
 from tests.reliability.conftest import train

@@ -4,8 +4,8 @@ import yaml
 
 from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.deploy.profiles import Pool, PostgresServer, parse_pools, pool_tags, render_dagster_yaml
-from orbit_dagster.settings import Settings
 from orbit_dagster.deploy.services import clean_line
+from orbit_dagster.settings import Settings
 
 
 def test_pools_leave_evaluations_a_quarter_of_each_provider():

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from orbit_dagster.deploy.code_server import CodeServerAddress
 from orbit_dagster.core.errors import OrbitError
+from orbit_dagster.deploy.code_server import CodeServerAddress
 from orbit_dagster.deploy.locks import DaemonLock, foreign_heartbeats
 from orbit_dagster.deploy.logs import DISK_ERROR, DiskNotices, LogPump, SafeWriter
 

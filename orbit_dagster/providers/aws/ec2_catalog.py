@@ -16,9 +16,9 @@ from ...catalog import as_utc, price
 from ...catalog.aws import AWS_GPU_FAMILIES, SpotPrice, aws_offers, is_gpu_instance_type
 from ...core.execution import Resources
 from ...core.offers import Offer
-from .ec2 import Ec2Api
 from ..base import PriceTick
 from ..common import offer_fits
+from .ec2 import Ec2Api
 
 SPOT_LAUNCHED = datetime(2009, 11, 30, tzinfo=timezone.utc)  # no real spot price predates EC2 spot
 PRODUCTS = ["Linux/UNIX", "Linux/UNIX (Amazon VPC)"]

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Iterator
 
-from ...core.errors import (AuthError, NetworkError, NoCapacity, ProviderError, QuotaExceeded, ResourceNotFound,
-                           Throttled)
+from ...core.errors import AuthError, NetworkError, NoCapacity, ProviderError, QuotaExceeded, ResourceNotFound, Throttled
 from ..base import Notice
 
 # code -> (orbit type, fix). The code is `Error.Code` of a ClientError (EC2, S3, STS), or a
@@ -64,8 +63,13 @@ _RETRYABLE_SERVER = {"InternalError", "InternalFailure", "ServiceUnavailable", "
 
 
 def _network_types() -> tuple[type[BaseException], ...]:
-    from botocore.exceptions import (ConnectionClosedError, ConnectTimeoutError, EndpointConnectionError,
-                                     ProxyConnectionError, ReadTimeoutError)
+    from botocore.exceptions import (
+        ConnectionClosedError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        ProxyConnectionError,
+        ReadTimeoutError,
+    )
 
     return (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError,
             ProxyConnectionError)
@@ -107,8 +111,7 @@ def _clip(text: str, limit: int = 300) -> str:
 
 def translate(exc: BaseException, *, operation: str, provider: str = "aws") -> ProviderError:
     """The orbit error for a botocore exception (or one it caused, e.g. an S3 StoreError)."""
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError, \
-        PartialCredentialsError
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError, PartialCredentialsError
 
     if isinstance(exc, ProviderError):
         return exc

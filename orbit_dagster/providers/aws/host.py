@@ -29,8 +29,8 @@ from ...core.host_contract import Checkpoint, Entry
 from ...core.offers import Offer
 from ...runtime.notices import parse_notice_time
 from ..base import InstanceHandle, LaunchSpec, Notice, RunHandle, RunStatus
-from ..ssh.provider import SshProvider
 from ..ssh.inventory import InventoryError
+from ..ssh.provider import SshProvider
 
 IMDS_URL = "http://169.254.169.254"  # the instance metadata service, as seen from the instance
 TORCH_CHECK = "import torch, sys; sys.stdout.write(torch.__version__)"

@@ -28,14 +28,14 @@ from ...core.errors import NetworkError, ProviderError, ResourceNotFound
 from ...core.execution import Resources
 from ...core.host_contract import Checkpoint, Entry
 from ...core.offers import Offer
-from .bootstrap import Bootstrap, new_ed25519, opens_to_everyone, user_data
-from .ec2 import Ec2Api
-from .errors import END_STATES, notice_from_spot_request, transition_time
-from .host import IMDS_URL, SshHostTransport
-from .ec2_catalog import AwsCatalog, is_aws_endpoint
-from .spot import SpotApi, launch_on_demand, launch_spot, spot_request, wait_running
 from ..base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
 from ..jsonfiles import read_json, write_json
+from .bootstrap import Bootstrap, new_ed25519, opens_to_everyone, user_data
+from .ec2 import Ec2Api
+from .ec2_catalog import AwsCatalog, is_aws_endpoint
+from .errors import END_STATES, notice_from_spot_request, transition_time
+from .host import IMDS_URL, SshHostTransport
+from .spot import SpotApi, launch_on_demand, launch_spot, spot_request, wait_running
 
 log = logging.getLogger(__name__)
 # Names (never values) forwarded to a host only under a non-AWS endpoint, which has no instance role.

@@ -13,9 +13,9 @@ import hashlib
 import json
 import os
 import time
-from functools import lru_cache
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path
 
 from ...catalog.traces import Trace, load_trace, next_available, reclaim_offsets

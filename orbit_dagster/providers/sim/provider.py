@@ -16,8 +16,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from functools import lru_cache
 from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
 
@@ -27,7 +27,8 @@ from ...core.host_contract import Checkpoint, Entry
 from ...core.offers import Offer
 from ..base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
 from ..common import agent_argv, offer_fits, read_event_file
-from ..jsonfiles import read_json as _read_json, write_json
+from ..jsonfiles import read_json as _read_json
+from ..jsonfiles import write_json
 
 HEARTBEAT_STALE_S = 10.0
 

@@ -27,13 +27,14 @@ from ...core.errors import NetworkError, NoCapacity, ProviderError, QuotaExceede
 from ...core.execution import Resources
 from ...core.host_contract import EVENTS_FILE, READ_MAX, Checkpoint, Entry, read_chunk
 from ...core.offers import Offer
+from ...settings import secrets as forwarded_secrets
 from ..base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
 from ..common import agent_argv
+from ..jsonfiles import read_json as _read_json
+from ..jsonfiles import write_json as _write_json
 from .checkpoints import fetch_checkpoint, mkdirs, push_checkpoint, remote_dir_of, rewrite_uri, uri_path
 from .inventory import Inventory, InventoryError, SshHost
 from .session import HostSessions
-from ..jsonfiles import read_json as _read_json, write_json as _write_json
-from ...settings import secrets as forwarded_secrets
 
 LAUNCH_WINDOW_S = 60.0  # a claimed run with no wrapper pid is starting for this long, then lost
 EVENTS_READ_MAX = READ_MAX  # bytes per read_events call: bounded memory, the rest comes next poll

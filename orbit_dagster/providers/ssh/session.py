@@ -23,12 +23,13 @@ from typing import Any, Callable, TypeVar
 import paramiko
 
 from ...core.errors import AuthError, HostKeyMismatch, NetworkError
+from ...settings import secret
+from ..jsonfiles import read_json as _read_json
+from ..jsonfiles import write_json as _write_json
 from .checkpoints import mkdirs
 from .errors import RemoteCommandError, SlotsBusy, UnknownHostKey, translated
 from .host import NO_CAPACITY
 from .inventory import Inventory, SshHost, load_inventory
-from ..jsonfiles import read_json as _read_json, write_json as _write_json
-from ...settings import secret
 
 T = TypeVar("T")
 HELPER_SOURCE = Path(__file__).with_name("host.py").read_bytes()

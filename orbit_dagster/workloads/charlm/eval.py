@@ -5,7 +5,6 @@ import json
 
 import torch
 import torch.nn.functional as F
-
 from charlm_model import Corpus, build_model
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from charlm_model import Corpus, activation_mb, build_model, lr_at
 
 

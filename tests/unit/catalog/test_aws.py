@@ -8,10 +8,22 @@ from datetime import datetime, timezone
 import pytest
 
 from orbit_dagster.catalog import CatalogError
-from orbit_dagster.catalog.aws import (AWS_GPU_FAMILIES, HOURS_PER_MONTH, SpotPrice, advisor_snapshot, aws_offers,
-                                       az_id_to_region, instance_gpus, is_gpu_instance_type, latest_spot_prices,
-                                       load_advisor, parse_spot_price_history, read_spot_advisor_csv,
-                                       read_spot_advisor_json, reliability_prior)
+from orbit_dagster.catalog.aws import (
+    AWS_GPU_FAMILIES,
+    HOURS_PER_MONTH,
+    SpotPrice,
+    advisor_snapshot,
+    aws_offers,
+    az_id_to_region,
+    instance_gpus,
+    is_gpu_instance_type,
+    latest_spot_prices,
+    load_advisor,
+    parse_spot_price_history,
+    read_spot_advisor_csv,
+    read_spot_advisor_json,
+    reliability_prior,
+)
 
 HISTORY = "aws_spot_price_history_gpu_2022-05-31.tsv"
 NOT_CUDA = ("inf1", "inf2", "trn1", "trn1n", "dl1", "dl2q", "g2")  # Inferentia, Trainium, Gaudi, AI100, GRID K520

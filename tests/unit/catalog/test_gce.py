@@ -7,8 +7,17 @@ from datetime import datetime, timezone
 import pytest
 
 from orbit_dagster.catalog import CatalogError, shipped_file
-from orbit_dagster.catalog.gce import (PRICES_FILE, SNAPSHOTS_FILE, gce_gpu, gce_offers, parse_time, price_at,
-                                       price_history, read_price_changes, read_snapshots)
+from orbit_dagster.catalog.gce import (
+    PRICES_FILE,
+    SNAPSHOTS_FILE,
+    gce_gpu,
+    gce_offers,
+    parse_time,
+    price_at,
+    price_history,
+    read_price_changes,
+    read_snapshots,
+)
 
 UTC = timezone.utc
 

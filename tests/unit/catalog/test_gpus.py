@@ -6,8 +6,18 @@ import csv
 import pytest
 
 from orbit_dagster.catalog import shipped_file
-from orbit_dagster.catalog.gpus import (EPOCH_COLUMNS, EPOCH_FILE, GPU_MODELS, UnknownGpu, gpu_family, gpu_spec,
-                                        known_gpu_names, normalise_gpu_name, read_epoch_csv, spec_from_epoch)
+from orbit_dagster.catalog.gpus import (
+    EPOCH_COLUMNS,
+    EPOCH_FILE,
+    GPU_MODELS,
+    UnknownGpu,
+    gpu_family,
+    gpu_spec,
+    known_gpu_names,
+    normalise_gpu_name,
+    read_epoch_csv,
+    spec_from_epoch,
+)
 from orbit_dagster.core.errors import OrbitError
 
 

@@ -10,8 +10,14 @@ import pytest
 from orbit_dagster.catalog import CatalogError
 from orbit_dagster.catalog.gce import gce_offers
 from orbit_dagster.catalog.gpus import UnknownGpu
-from orbit_dagster.catalog.listing import (MIN_EXPOSURE_HOURS, diff_catalogs, list_offers, offers_json,
-                                          usd_per_effective_tflop_hour, usd_per_gpu_hour)
+from orbit_dagster.catalog.listing import (
+    MIN_EXPOSURE_HOURS,
+    diff_catalogs,
+    list_offers,
+    offers_json,
+    usd_per_effective_tflop_hour,
+    usd_per_gpu_hour,
+)
 from orbit_dagster.cli.offers import offers_document, offers_table
 from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.policy.offer_choice import SAVE_PRIOR_S

@@ -2,9 +2,9 @@
 import pytest
 
 from orbit_dagster.control.capacity import capacity, limits_from_tags
-from orbit_dagster.settings import Settings
-from orbit_dagster.ledger import records as R
 from orbit_dagster.deploy.profiles import POOL_TAG, TRAIN_POOL_TAG, Profile, parse_pools, render_dagster_yaml
+from orbit_dagster.ledger import records as R
+from orbit_dagster.settings import Settings
 
 LIMITS = [{"key": POOL_TAG, "value": "sim", "limit": 4}, {"key": TRAIN_POOL_TAG, "value": "sim", "limit": 3},
           {"key": POOL_TAG, "value": "aws_spot", "limit": 1}, {"key": "other", "value": "x", "limit": 9}]

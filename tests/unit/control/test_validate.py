@@ -8,11 +8,11 @@ import pytest
 import yaml
 
 from orbit_dagster.control import providers
-from orbit_dagster.settings import Settings
 from orbit_dagster.control.validate import NotServedHere, aws_credential_source, validate_retry, validate_submission
 from orbit_dagster.core.errors import InvalidOverride, OrbitError, TemplateError
 from orbit_dagster.core.templates import load_template
 from orbit_dagster.providers.ssh.inventory import InventoryError
+from orbit_dagster.settings import Settings
 
 T = "charlm-finetune"
 AWS_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from orbit_dagster.core.bundle import JobBundle, build_bundle, verify_bundle
-from orbit_dagster.core.errors import BundleIntegrityError
+from orbit_dagster.core.errors import BundleIntegrityError, TemplateError
 from orbit_dagster.core.submission import TaskSubmission
 from orbit_dagster.core.templates import load_template
 
@@ -63,6 +63,6 @@ def test_secrets_are_never_frozen(tmp_path, monkeypatch):
 
 def test_no_half_built_bundle_is_left_on_failure(tmp_path):
     t = load_template("charlm-finetune").model_copy(update={"inputs": ("missing.txt",)})
-    with pytest.raises(Exception):
+    with pytest.raises(TemplateError):
         build_bundle(t, TaskSubmission(template=t.name), "job-3", tmp_path / "b")
     assert list((tmp_path / "b").iterdir()) == []

@@ -4,8 +4,17 @@ import math
 import pytest
 
 from orbit_dagster.core.errors import InvalidOverride, OrbitError, OverrideNotAllowed
-from orbit_dagster.core.submission import (MAX_OVERRIDES, MAX_VALUE_CHARS, apply_overrides, check_job_id, check_name,
-                                           check_overrides, check_template_ref, parse_set_args, parse_value)
+from orbit_dagster.core.submission import (
+    MAX_OVERRIDES,
+    MAX_VALUE_CHARS,
+    apply_overrides,
+    check_job_id,
+    check_name,
+    check_overrides,
+    check_template_ref,
+    parse_set_args,
+    parse_value,
+)
 from orbit_dagster.core.templates import load_template
 
 MIB = "x" * (1 << 20)

@@ -20,8 +20,8 @@ from orbit_dagster.control.evaluate import pending_evaluations, reconcile_evalua
 from orbit_dagster.control.placement import measured_save_seconds
 from orbit_dagster.control.queue import queued_jobs
 from orbit_dagster.control.reconcile import active_attempts, cancelled_but_running
-from orbit_dagster.settings import Settings
 from orbit_dagster.ledger import records as R
+from orbit_dagster.settings import Settings
 
 HISTORY = ("evaluations", "checkpoints", "metric_points", "events", "instances", "costs", "job_states", "run_states")
 # "SCAN evaluations", "SCAN e USING INDEX ..." (a whole index is read: still a full scan);

@@ -8,8 +8,8 @@ import pytest
 
 from orbit_dagster.catalog.reclaim_model import generate_trace
 from orbit_dagster.catalog.traces import load_trace
-from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.cli.simulate import format_result_table, simulate_command
+from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.policy.compare import CHECKPOINT_POLICIES, DEADLINE_POLICIES, simulate_trace
 
 from .helpers import model

@@ -6,7 +6,15 @@ from hypothesis import strategies as st
 
 from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.policy.deadline import (
-    OD, SPOT, DeadlineSetup, Greedy, UniformProgress, coarsen, loss_ticks_for, run_deadline, setup_from_trace,
+    OD,
+    SPOT,
+    DeadlineSetup,
+    Greedy,
+    UniformProgress,
+    coarsen,
+    loss_ticks_for,
+    run_deadline,
+    setup_from_trace,
 )
 from orbit_dagster.policy.deadline_plan import OrbitDeadline, optimal
 

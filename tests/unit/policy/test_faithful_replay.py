@@ -8,8 +8,8 @@ import pytest
 from orbit_dagster.catalog.traces import Trace
 from orbit_dagster.core.offers import Offer
 from orbit_dagster.policy.checkpointing import FixedInterval, NoCheckpoint, OrbitInterval, make_strategy
-from orbit_dagster.policy.reclaim_rate import NoticeReliability, RateBook
 from orbit_dagster.policy.compare import simulate_trace, summarise
+from orbit_dagster.policy.reclaim_rate import NoticeReliability, RateBook
 from orbit_dagster.policy.simulate import JobParams, replay, replay_jobs, start_offsets, trace_mtbf_s, warm_up
 
 from .helpers import make_trace, model

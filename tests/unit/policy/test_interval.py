@@ -8,7 +8,11 @@ from hypothesis import strategies as st
 
 from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.policy.interval import (
-    EMERGENCY_MARGIN, age_aware_interval, checkpoint_interval, daly_interval, emergency_covered,
+    EMERGENCY_MARGIN,
+    age_aware_interval,
+    checkpoint_interval,
+    daly_interval,
+    emergency_covered,
 )
 
 

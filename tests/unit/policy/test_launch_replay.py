@@ -7,8 +7,8 @@ import pytest
 from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.core.offers import Offer
 from orbit_dagster.policy.checkpointing import OrbitInterval
-from tests.launch_replay import ControlJob, Launch, Move, Tick, replay_control
 from orbit_dagster.policy.reclaim_rate import NoticeReliability, RateBook
+from tests.launch_replay import ControlJob, Launch, Move, Tick, replay_control
 
 from .helpers import make_trace, model
 

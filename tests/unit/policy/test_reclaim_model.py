@@ -8,12 +8,22 @@ import numpy as np
 import pytest
 
 from orbit_dagster.catalog.fit_reclaims import (
-    TRAINING_TRACES, fit_from_dir, main, parse_trace_name, split_traces,
+    TRAINING_TRACES,
+    fit_from_dir,
+    main,
+    parse_trace_name,
+    split_traces,
+)
+from orbit_dagster.catalog.reclaim_model import (
+    ReclaimModel,
+    band_code,
+    fit_reclaim_model,
+    generate_trace,
+    load_reclaim_model,
+    trace_stats,
+    weibull_shape_mle,
 )
 from orbit_dagster.catalog.traces import load_traces
-from orbit_dagster.catalog.reclaim_model import (
-    ReclaimModel, band_code, fit_reclaim_model, generate_trace, load_reclaim_model, trace_stats, weibull_shape_mle,
-)
 from orbit_dagster.core.errors import OrbitError
 
 from .helpers import model

@@ -7,7 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orbit_dagster.catalog.traces import (
-    TraceFormatError, find_trace_files, load_trace, next_available, reclaim_offsets, up_runs,
+    TraceFormatError,
+    find_trace_files,
+    load_trace,
+    next_available,
+    reclaim_offsets,
+    up_runs,
 )
 
 from .helpers import expand, make_trace, runs

@@ -8,12 +8,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orbit_dagster.settings import Settings
 from orbit_dagster.core.errors import OrbitError, ProviderError
 from orbit_dagster.core.offers import Offer
-from orbit_dagster.providers.aws.bootstrap import (HostKey, home_label, host_key_from_user_data, new_ed25519,
-                                                   opens_to_everyone, public_key_sha256, ssh_networks, user_data)
+from orbit_dagster.providers.aws.bootstrap import (
+    HostKey,
+    home_label,
+    host_key_from_user_data,
+    new_ed25519,
+    opens_to_everyone,
+    public_key_sha256,
+    ssh_networks,
+    user_data,
+)
 from orbit_dagster.providers.aws.host import SshHostTransport, parse_endpoint
+from orbit_dagster.settings import Settings
 
 SSH_KEYGEN = shutil.which("ssh-keygen")
 

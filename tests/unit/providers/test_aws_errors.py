@@ -14,16 +14,22 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectTimeoutError, ReadTimeoutError
 
-from orbit_dagster.core.errors import (AuthError, NetworkError, NoCapacity, ProviderError, QuotaExceeded,
-                                       ResourceNotFound, Throttled)
+from orbit_dagster.core.errors import (
+    AuthError,
+    NetworkError,
+    NoCapacity,
+    ProviderError,
+    QuotaExceeded,
+    ResourceNotFound,
+    Throttled,
+)
 from orbit_dagster.core.offers import Offer
-from orbit_dagster.providers.aws.provider import AwsSpotProvider
 from orbit_dagster.providers.aws.errors import aws_errors, request_status_error, translate
+from orbit_dagster.providers.aws.provider import AwsSpotProvider
 from orbit_dagster.providers.base import InstanceHandle
 from orbit_dagster.storage import open_store
 from orbit_dagster.storage.s3 import S3StoreError
-from tests.integration.moto_fixtures import (REGION, aws_env, client, closed_port, moto_auth,  # noqa: F401
-                                             moto_server, s3_bucket)
+from tests.integration.moto_fixtures import REGION, aws_env, client, closed_port, moto_auth, moto_server, s3_bucket  # noqa: F401
 
 TABLE = [
     *[(c, AuthError, False) for c in ("AuthFailure", "UnauthorizedOperation", "InvalidClientTokenId", "ExpiredToken",

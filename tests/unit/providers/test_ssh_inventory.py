@@ -11,8 +11,8 @@ import yaml
 from orbit_dagster.core.errors import AuthError
 from orbit_dagster.core.execution import Resources
 from orbit_dagster.providers.base import InstanceHandle, Provider
-from orbit_dagster.providers.ssh.provider import SshProvider
 from orbit_dagster.providers.ssh.inventory import InventoryError, load_inventory
+from orbit_dagster.providers.ssh.provider import SshProvider
 from orbit_dagster.providers.ssh.session import load_private_key
 
 HOST = {"name": "box1", "host": "203.0.113.7", "user": "ubuntu", "key_file": "~/.ssh/id_rental",

@@ -6,11 +6,11 @@ import shlex
 import pytest
 
 from orbit_dagster.core.errors import ProviderError
+from orbit_dagster.core.host_contract import Checkpoint
 from orbit_dagster.providers.base import LaunchSpec
 from orbit_dagster.providers.common import agent_argv
-from orbit_dagster.providers.ssh.provider import docker_argv, run_status
-from orbit_dagster.core.host_contract import Checkpoint
 from orbit_dagster.providers.ssh.checkpoints import _safe_rel, remote_dir_of, rewrite_uri
+from orbit_dagster.providers.ssh.provider import docker_argv, run_status
 
 
 def test_docker_argv_pins_the_lease_gpus_mounts_the_lease_and_passes_secrets_by_name_only():
