@@ -5,8 +5,8 @@ variable (declared, with its default and meaning, in `variables.py`; docs/deploy
 is made from that list) and every provider's configuration into typed fields and sections
 (`settings.aws`, `settings.sim`, `settings.profile`, `settings.sql_limits()`, ...). A bad
 value is one OrbitError naming the variable, the value and the fix. Nothing else in orbit
-reads `os.environ` for its settings; the host side (`runtime/`, and `providers/sim/host.py`,
-which plays a rented machine) reads its own environment.
+reads `os.environ` for its settings; the host side (`runtime/`, `providers/sim/host.py`, which
+plays a rented machine, and `providers/ssh/host.py`, which runs on one) reads its own environment.
 
 Two accessors serve what is not a setting: `environment()`, a copy of the environment for
 the processes we start, and `secret(name)`, a secret a provider forwards by name (an SSH
