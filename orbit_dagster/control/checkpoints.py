@@ -109,10 +109,11 @@ def scan_store(ledger: Ledger, store_uri: str, job_id: str, *, eval_suite: str |
         except StoreError:
             continue
         run = runs[parsed[1]]
-        ev = {"step": m.step, "tier": m.tier, "uri": uri, "sha256": m.digest, "bytes": m.total_bytes,
-              "weights_sha256": m.weights_sha256, "parent": m.parent, "attempt": m.attempt,
-              "train_loss": (m.meta.get("metrics") or {}).get("train/loss"),
-              "ts": _iso_ts(m.created_at) if m.created_at else None}
+        # The record the host would have written for it (the host contract's), from its manifest.
+        ev = Checkpoint(step=m.step, tier=m.tier, uri=uri, sha256=m.digest, bytes=m.total_bytes,
+                        weights_sha256=m.weights_sha256, parent=m.parent, attempt=m.attempt,
+                        train_loss=(m.meta.get("metrics") or {}).get("train/loss"),
+                        ts=_iso_ts(m.created_at) if m.created_at else 0.0)  # 0: registered now
         if (m.step, m.attempt) != parsed:
             continue  # a manifest that disagrees with its own directory name
         rows.append(row_from_event(ev, job_id=job_id, run_id=run["run_id"], lineage=run["lineage"],

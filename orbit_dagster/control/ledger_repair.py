@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..core.bundle import JobBundle
+from ..core.host_contract import Checkpoint
 from ..core.lifecycle import JobState
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
@@ -254,9 +255,10 @@ def _register_checkpoints(tx: Tx, job: dict, ckpts: list[DiskCheckpoint]) -> lis
     rows = []
     for c in ckpts:
         m = c.manifest
-        ev = {"step": m.step, "tier": m.tier, "uri": c.uri, "sha256": m.digest, "bytes": m.total_bytes,
-              "weights_sha256": m.weights_sha256, "parent": m.parent, "attempt": m.attempt,
-              "train_loss": (m.meta.get("metrics") or {}).get("train/loss"), "ts": _ts(m.created_at)}
+        # The record the host would have written for it (the host contract's), from its manifest.
+        ev = Checkpoint(step=m.step, tier=m.tier, uri=c.uri, sha256=m.digest, bytes=m.total_bytes,
+                        weights_sha256=m.weights_sha256, parent=m.parent, attempt=m.attempt,
+                        train_loss=(m.meta.get("metrics") or {}).get("train/loss"), ts=_ts(m.created_at))
         rows.append(row_from_event(ev, job_id=job_id, run_id=R.run_id_for(job_id, c.attempt),
                                    lineage=lineages[c.uri], experiment=job["experiment"]))
     tx.insert("checkpoints", rows)
