@@ -111,7 +111,9 @@ class Soak:
     def host_progress(self) -> int:
         """Steps trained on all hosts together (each instance's highest step, summed)."""
         best: dict[str, int] = {}
-        for path in (self.home / "sim" / "instances").glob("*/work/artifacts/events.jsonl"):
+        # Each sim instance keeps its host workspace in <instance>/work (providers/sim/host.py).
+        events = (inst / "work" / "artifacts" / "events.jsonl" for inst in (self.home / "sim" / "instances").glob("*"))
+        for path in (e for e in events if e.is_file()):
             top = 0
             for line in path.read_text(errors="replace").splitlines():
                 try:
