@@ -14,7 +14,7 @@ export ORBIT_SIM_TRACES ?= $(wildcard $(CURDIR)/../shared/data/traces)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,hf,lightning]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

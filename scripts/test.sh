@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The test suite as `make test` runs it: three lanes side by side, each line prefixed with
 # its part: the end-to-end tests (tests/e2e: one Dagster daemon at a time, one demo run
-# shared by them) and then, in the same lane, the team profile at scale (tests/scale: 20
-# jobs through a daemon on PostgreSQL); the integration tests; the rest (unit, security,
-# reliability). Most tests wait on real processes, so two cores keep three lanes busy; the
+# shared by them), then, in the same lane, the team profile at scale (tests/scale: jobs
+# through a daemon on PostgreSQL) and the bring-your-own routes (real frameworks: HF,
+# Lightning, torchrun); the other integration tests; the rest (unit, security, reliability). Most tests wait on real processes, so two cores keep three lanes busy; the
 # two parts that run a daemon with many jobs take turns, as four lanes at once loaded a
 # 2-core machine five times over and doubled the suite's time.
 # Extra arguments go to every part (`make test-all` passes `-m ''`). Exits non-zero when
@@ -18,17 +18,24 @@ trap 'rm -rf "$codes"' EXIT
 part() {  # NAME PYTEST-ARGS...: run pytest (naming its 10 slowest tests), prefix its lines, keep its exit code
   local name=$1
   shift
-  { "$PY" -m pytest -q --durations=10 "$@" 2>&1; echo $? > "$codes/$name"; } | sed -u "s/^/[$name] /"
+  { "$PY" -m pytest -q -rfE --durations=10 "$@" 2>&1; echo $? > "$codes/$name"; } | sed -u "s/^/[$name] /" \
+    | tee "$codes/$name.log"
 }
 
-{ part e2e tests/e2e "$@"; part scale tests/scale "$@"; } &
-part integration tests/integration "$@" &
+# The bring-your-own routes: CPU-heavy framework imports, kept out of the integration lane.
+BYO=(tests/integration/test_bring_your_own.py tests/integration/test_command_workload.py
+     tests/integration/test_hf_route.py tests/integration/test_lightning_route.py
+     tests/integration/test_torchrun_route.py tests/integration/test_import_hf_run.py)
+{ part e2e tests/e2e "$@"; part scale tests/scale "$@"; part byo "${BYO[@]}" "$@"; } &
+part integration tests/integration "${BYO[@]/#/--ignore=}" "$@" &
 part rest tests --ignore=tests/e2e --ignore=tests/scale --ignore=tests/integration "$@" &
 wait
 rc=0
-for name in e2e scale integration rest; do
+for name in e2e scale byo integration rest; do
   code=$(cat "$codes/$name" 2>/dev/null || echo 1)
   echo "$name: exit $code"
   [ "$code" = 0 ] || rc=1
 done
+# The failures again, last: a CI log is often read from its tail.
+grep -hE '^\[[a-z]+\] (FAILED|ERROR) ' "$codes"/*.log || true
 exit $rc

@@ -35,3 +35,20 @@ class Background:
         if self.error:
             raise self.error
         return self.result
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    """`orbit ARGV` in this process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from orbit_dagster.cli.commands import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(argv)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    return code, out.getvalue(), err.getvalue()

@@ -8,13 +8,20 @@ and this replay follows it, so that the two drivers can be compared decision by 
 (``tests/integration/test_policy_replay.py``; docs/policies.md, "One policy, two drivers"):
 
 - **at each dispatch** it asks ``spot_or_on_demand`` (with a deadline) and ``OrbitInterval``
-  once, at the instance's age 0, for the work left from the newest checkpoint as the control
+  at the instance's age 0, for the work left from the newest checkpoint as the control
   plane believes it (its measured step and save times: ``Launch.step_s``, ``Launch.save_s``);
-  the interval becomes whole steps and the agent saves at every multiple of it (absolute
-  step numbers, so a resumed attempt saves first at the next multiple), asynchronously;
+  the interval becomes whole steps and the agent's first save is at the next multiple of it
+  (absolute step numbers, so a resumed attempt saves on the grid an uninterrupted one would);
+- **at each durable save** (asynchronous: the work goes on) the agent asks the policy's rule
+  (``OrbitInterval.rule``, given at dispatch) again for the instance's age then and the work
+  left, and saves next that many steps later (runtime/checkpoint_schedule.py). The age is
+  the step's time on the trace clock less the instance's start; ``Launch.decision_ages``
+  gives the ages the real agent measured instead (where a step boundary falls is the host's
+  scheduling, not a decision);
 - **the agent** saves an emergency checkpoint at the first step after it sees the notice
   and stops; a notice that comes before the workload started leaves nothing to save;
-- **every decision tick** on spot (the price sensor) it asks ``spot_or_on_demand`` again,
+- **every decision tick** on spot (the price sensor) it asks ``spot_or_on_demand`` again
+  (its availability estimate updated with the same reclaims and up-time as the rate),
   holding spot, for the work done so far; "on_demand" moves the job make-before-break: the
   replacement is provisioned, the old host saves an emergency checkpoint and stops, and
   the next attempt resumes from it on demand (never reclaimed);
@@ -32,9 +39,11 @@ from dataclasses import dataclass, field, replace
 from orbit_dagster.catalog.reclaim_model import ReclaimModel, load_reclaim_model
 from orbit_dagster.catalog.traces import Trace, next_available, reclaim_offsets
 from orbit_dagster.core.errors import OrbitError
+from orbit_dagster.core.interval import IntervalRule
 from orbit_dagster.core.offers import Offer, on_demand
 from orbit_dagster.policy.checkpointing import OrbitInterval
-from orbit_dagster.policy.deadline_plan import spot_or_on_demand
+from orbit_dagster.policy.deadline import MIN_DECISION_TICK_S
+from orbit_dagster.policy.deadline_plan import MarkovAvailability, spot_or_on_demand
 from orbit_dagster.policy.offer_choice import RESTORE_PRIOR_S  # the control plane's: it measures none
 from orbit_dagster.policy.reclaim_rate import NoticeReliability, RateBook
 
@@ -54,6 +63,9 @@ class Launch:
     # The step at which the agent stopped for its emergency checkpoint (None: the first step after
     # it was told). Which step boundary a notice lands on is the host's scheduling, not a decision.
     stopped_step: int | None = None
+    # The instance's age (market seconds) at which the agent re-decided the interval, by the
+    # step it decided at (None: the step's modelled time on the trace clock).
+    decision_ages: dict[int, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +119,8 @@ class Attempt:
     caught: bool | None = None  # reclaimed: did an emergency checkpoint save the newest state
     stop_step_model: int | None = None  # the first step after the agent was told (vs Launch.stopped_step)
     lost_steps: int | None = None  # reclaimed: steps done since the newest checkpoint
+    rule: IntervalRule | None = None  # what the agent re-asks after each durable save
+    decisions: list = field(default_factory=list)  # the agent's: [{"step", "age_s", "interval_s", "steps"}]
 
 
 def replay_control(trace: Trace, offer: Offer, job: ControlJob, launches: list[Launch], *,
@@ -147,7 +161,8 @@ def replay_control(trace: Trace, offer: Offer, job: ControlJob, launches: list[L
             queue = []
             after = move.dispatch_after_s if move.dispatch_after_s is not None else move.instance_after_s
             pending = Launch(dispatch_at=switch_at + after, instance_at=switch_at + move.instance_after_s,
-                             work_at=switch_at + move.work_after_s, save_s=nxt.save_s, step_s=nxt.step_s, spot=False)
+                             work_at=switch_at + move.work_after_s, save_s=nxt.save_s, step_s=nxt.step_s, spot=False,
+                             decision_ages=nxt.decision_ages if not nxt.spot else None)
     return {"attempts": [vars(a) for a in attempts], "switches": switches, "finished": done >= job.steps,
             "migrations": sum(1 for a in attempts if a.end == "migration")}
 
@@ -161,11 +176,13 @@ def _market(job: ControlJob, spot_offer: Offer, od_offer: Offer | None, book: Ra
     est = book.for_offer(spot_offer)
     if running_since is not None:
         est = replace(est, exposure_s=est.exposure_s + max(at - running_since, 0.0))
+    availability = MarkovAvailability.from_exposure(load_reclaim_model(), MIN_DECISION_TICK_S,
+                                                    reclaims=est.reclaims, exposure_s=est.exposure_s)
     d = spot_or_on_demand(work_left_s=max(job.steps - done, 0) * step_s,
                           time_left_s=max(job.deadline_s - (at - job.submitted_at), 0.0), spot_available=True,
                           holding=holding, spot_usd_per_hour=spot_offer.usd_per_second * 3600.0,
                           on_demand_usd_per_hour=od_offer.usd_per_second * 3600.0, restore_s=RESTORE_PRIOR_S,
-                          save_s=save_s, notice_s=job.notice_s, mtbf_s=est.mtbf_s)
+                          save_s=save_s, notice_s=job.notice_s, mtbf_s=est.mtbf_s, availability=availability)
     return {"action": "on_demand" if d.action == "on_demand" else "spot", "policy_action": d.action,
             "reason": d.reason, **d.inputs}
 
@@ -180,13 +197,14 @@ def _dispatch(n: int, launch: Launch, job: ControlJob, spot_offer: Offer, od_off
     policy = OrbitInterval.for_offer(offer, save_s=launch.save_s, notice_s=job.notice_s, model=model, rates=book,
                                      notices=notices, nodes=1)
     decision = policy.decide(age_s=0.0, work_left_s=work_left)
+    rule = policy.rule()
     tau = decision["interval_s"]
     steps = max(1, int(round(tau / launch.step_s))) if tau is not None else None
     return Attempt(attempt=n, spot=launch.spot, dispatch_at=launch.dispatch_at, instance_at=launch.instance_at,
                    resumed_step=done, work_left_s=work_left, interval_s=tau,
                    interval_steps=min(job.cadence_steps, steps) if steps else job.cadence_steps,
                    rate=book.for_offer(offer).as_record(), notices=notices.as_record(), dispatch_market=market,
-                   work_at=launch.work_at)
+                   work_at=launch.work_at, rule=rule)
 
 
 def _session(trace: Trace, a: Attempt, launch: Launch, job: ControlJob, spot_offer: Offer, book: RateBook,
@@ -242,12 +260,14 @@ def _session(trace: Trace, a: Attempt, launch: Launch, job: ControlJob, spot_off
             last = launch.stopped_step if launch.stopped_step is not None else last
             stop_at, end, emergency = time_of(last), "migration", last < job.steps
     every = a.interval_steps
-    for k in range((k0 // every + 1) * every, min(last, job.steps - 1) + 1, every):
+    k = (k0 // every + 1) * every
+    while k <= min(last, job.steps - 1):
         if emergency and k == last:
             break  # that step's save is the emergency one
         if end == "reclaim" and not emergency and time_of(k) + launch.save_s > stop_at:
             break  # killed before this save completed
         a.checkpoints.append({"step": k, "at": time_of(k), "tier": "durable"})
+        k += _redecide(a, launch, job, k, time_of(k))
     if end == "finished" or last == job.steps:
         end = "finished"
         a.checkpoints.append({"step": job.steps, "at": time_of(job.steps), "tier": "durable"})
@@ -258,6 +278,18 @@ def _session(trace: Trace, a: Attempt, launch: Launch, job: ControlJob, spot_off
         a.caught = emergency
         a.lost_steps = (last - max([c["step"] for c in a.checkpoints], default=k0))
     return max([c["step"] for c in a.checkpoints], default=done), switch_at
+
+
+def _redecide(a: Attempt, launch: Launch, job: ControlJob, k: int, at: float) -> int:
+    """The agent's decision at the durable save of step ``k``: steps to the next save."""
+    ages = launch.decision_ages or {}
+    age = ages[k] if k in ages else max(at - launch.instance_at, 0.0)
+    work_left = (job.steps - k) * launch.step_s
+    tau = a.rule.interval(age, work_left) if a.rule is not None else math.inf
+    n = min(job.cadence_steps, max(1, int(round(tau / launch.step_s)))) if math.isfinite(tau) else job.cadence_steps
+    a.decisions.append({"step": k, "age_s": age, "model_age_s": max(at - launch.instance_at, 0.0),
+                        "interval_s": tau, "steps": n, "work_left_s": work_left})
+    return n
 
 
 def _ask_ticks(a: Attempt, launch: Launch, job: ControlJob, spot_offer: Offer, book: RateBook,

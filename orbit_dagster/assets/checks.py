@@ -14,6 +14,7 @@ the UI re-verifies the selected partitions now. A failed integrity check means n
 evaluation is rented for that checkpoint (`control.checkpoints.check_against_ledger`).
 """
 
+import math
 import warnings
 
 import dagster as dg
@@ -76,8 +77,6 @@ def checkpoint_present(context: dg.AssetCheckExecutionContext, orbit: OrbitResou
 @dg.asset_check(asset="evaluation", partitions_def=checkpoints_partitions,
                 description="The evaluation's metrics are finite numbers (re-read from the ledger).")
 def evaluation_metrics_valid(context: dg.AssetCheckExecutionContext, orbit: OrbitResource) -> dg.AssetCheckResult:
-    import math
-
     key = _checkpoint_key(context)
     rows = orbit.settings().ledger().rows(
         "SELECT suite, name, value FROM metric_points WHERE checkpoint_key = ? AND source = 'eval'", [key])

@@ -14,11 +14,12 @@ CHECK = dg.AssetCheckSpec("cost_equals_bill", asset="cost_summary",
 def _table(df, described: dict[str, str]) -> dg.MetadataValue:
     columns = [(c, "string" if df[c].dtype == object else ("int" if "int" in str(df[c].dtype) else MONEY),
                 described.get(c, "")) for c in df.columns]
-    return table(df.to_dict("records"), columns)
+    return table(df.astype(object).where(df.notna(), None).to_dict("records"), columns)  # NULL, never NaN
 
 
 DESCRIBED = {"usd": "the bill's share of this line", "train_usd": "training up to each checkpoint",
-             "eval_usd": "evaluations of its checkpoints", "wasted_usd": "work lost after the last checkpoint",
+             "eval_usd": "evaluations of its checkpoints",
+             "eval_per_train": "eval $ per train $ (above 1: evaluating cost more than training)", "wasted_usd": "work lost after the last checkpoint",
              "overhead_usd": "boot, waiting, shutdown", "wasted_gpu_seconds": "GPU-seconds of lost work"}
 
 

@@ -1,6 +1,7 @@
 """Metadata people read in the UI: tables with a column schema, curves, lineage."""
 from __future__ import annotations
 
+import base64
 import math
 
 import dagster as dg
@@ -46,8 +47,6 @@ def loss_curve(ledger, job_id: str) -> dict[str, dg.MetadataValue]:
 
 def loss_svg(points: list[dict], width: int = 480, height: int = 200, pad: int = 32) -> str:
     """A line chart of train_loss against step, one colour per attempt, base64 SVG."""
-    import base64
-
     steps = [p["step"] for p in points]
     losses = [p["train_loss"] for p in points if math.isfinite(p["train_loss"])] or [0.0]
     x0, x1 = min(steps), max(steps) or 1

@@ -98,6 +98,8 @@ class Band:
     def reclaims_per_hour(self) -> float:
         """Reclaims per hour of up-time for this band, from the reclaim model fitted to the
         public traces (band >20% measured there; the others scaled by their midpoints)."""
+        # lazy: reclaim_model imports numpy (0.2-0.4 s); `orbit submit` imports this module (control/providers.py)
+        # and never asks a band's rate
         from .reclaim_model import load_reclaim_model
 
         return load_reclaim_model().band_rate(self.index)

@@ -13,9 +13,15 @@ A replay is only faithful to a trace if it replays the market the trace was take
 Trace names follow the shared data set (``SOURCES.md``): ``<cloud>-<YYYY-MM-DD>_<zone>_<tag>``
 with tags such as ``v100_1`` (1x V100 per instance), ``v100_8``, ``k80_1``, ``intel_64``
 (r5.16xlarge), ``c3-88`` (c3-highcpu-88) and ``v100_16node`` (16 instances of 1x V100).
-``metadata`` fields ``cloud``, ``instance_type``, ``nodes`` and ``zone`` override the name.
-A trace that says none of this (a synthetic one) is replayed with the caller's defaults, and
-every figure that was assumed rather than known is labelled so in ``sources``.
+The name is read only where loading recorded that the shared data set's convention applies
+(``metadata.convention``, see ``catalog.traces``); an arbitrary file's name tells nothing.
+``metadata`` fields ``cloud``, ``date``, ``instance_type``, ``nodes`` and ``zone`` override the name.
+
+The cloud is never assumed: a trace whose cloud neither its metadata nor the caller
+(``orbit simulate --cloud``) gives is refused, since its notice and prices depend on it.
+Other figures a trace does not tell (a synthetic one's instance type) are replayed with the
+caller's defaults, and every figure that was assumed rather than known is labelled so in
+``sources``.
 """
 from __future__ import annotations
 
@@ -24,7 +30,8 @@ from dataclasses import dataclass, field
 from datetime import date
 
 from orbit_dagster.catalog import PROVIDER_NOTICE_S
-from orbit_dagster.catalog.traces import Trace
+from orbit_dagster.catalog.aws import load_advisor
+from orbit_dagster.catalog.traces import CLOUDS, SHARED_NAME, Trace
 from orbit_dagster.core.errors import OrbitError
 
 #: Reclaim notice per cloud: AWS's instance-action warning and GCP's preemption notice.
@@ -54,8 +61,7 @@ GCP_SPOT = {"c3-highcpu-88": 0.344256}
 AWS_ADVISOR_EXTRA = {("r5.16xlarge", "us-east-1"): (76, 4), ("r5.16xlarge", "us-east-2"): (65, 2),
                      ("r5.16xlarge", "us-west-2"): (63, 4)}
 
-_NAME = re.compile(r"^(?P<cloud>aws|gcp)-(?P<date>\d{4}-\d{2}-\d{2})_"
-                   r"(?P<zone>[a-z]{2}-[a-z]+(?:-\d[a-z]|\d-[a-z]))_(?P<tag>.+)$")
+_NAME = SHARED_NAME
 _TAG = re.compile(r"^(?P<acc>[a-z0-9]+?)[_-](?P<n>\d+)(?P<node>node)?$")
 
 
@@ -119,8 +125,6 @@ def parse_trace_name(name: str) -> dict | None:
 
 def _aws_spot(itype: str, region: str | None, day: date | None) -> tuple[float, int, str] | None:
     """(savings %, band, source) from the spot advisor: the shipped GPU subset, else the extra table."""
-    from orbit_dagster.catalog.aws import load_advisor
-
     rows = [r for r in load_advisor()[1] if r.instance_type == itype and r.region == region and r.os == "Linux"]
     if rows:
         when = day or date.today()
@@ -132,12 +136,31 @@ def _aws_spot(itype: str, region: str | None, day: date | None) -> tuple[float, 
     return None
 
 
+def trace_cloud(trace: Trace, cloud: str | None = None) -> str:
+    """The cloud ``trace`` replays: ``cloud`` (the caller's ``--cloud``) if given, else its
+    ``metadata.cloud``; refused when neither says, never guessed."""
+    if cloud is not None:
+        if cloud not in CLOUDS:
+            raise OrbitError(f"cloud {cloud!r} is not one of {', '.join(CLOUDS)}", field="cloud", value=cloud,
+                             fix="pass --cloud aws or --cloud gcp")
+        return cloud
+    known = (trace.metadata or {}).get("cloud")
+    if known is None:
+        raise OrbitError(f"trace {trace.name}: its cloud is unknown (the file has no metadata.cloud), so neither its "
+                         "reclaim notice nor its prices are", field="cloud", value=None,
+                         fix="pass --cloud aws|gcp, or add \"cloud\": \"aws\" or \"gcp\" to the trace's metadata")
+    return known
+
+
 def trace_market(trace: Trace, *, default_spot_usd_per_hour: float, default_on_demand_usd_per_hour: float,
-                 default_notice_s: float = CLOUD_NOTICE_S["aws"]) -> TraceMarket:
-    """The market of ``trace``; the defaults apply only to what neither its name nor metadata tells."""
-    info = parse_trace_name(trace.name) or {}
+                 cloud: str | None = None) -> TraceMarket:
+    """The market of ``trace``; the defaults apply only to what neither its metadata nor the shared
+    data set's recorded naming convention tells. ``cloud`` overrides the trace's ``metadata.cloud``."""
     meta = trace.metadata or {}
-    cloud = meta.get("cloud", info.get("cloud"))
+    info = (parse_trace_name(trace.name) or {}) if meta.get("convention") else {}
+    given_cloud = cloud is not None
+    cloud = trace_cloud(trace, cloud)
+    day = date.fromisoformat(meta["date"]) if isinstance(meta.get("date"), str) else info.get("day")
     itype = meta.get("instance_type", info.get("instance_type"))
     zone = meta.get("zone", info.get("zone"))
     region = info.get("region") if zone == info.get("zone") else (zone[:-1] if cloud == "aws" and zone else zone)
@@ -158,17 +181,16 @@ def trace_market(trace: Trace, *, default_spot_usd_per_hour: float, default_on_d
     spot = default_spot_usd_per_hour
     spot_src = f"assumed {spot:g} $/h (no prices in the trace, no published figure for its type)"
     if cloud == "aws" and itype:
-        adv = _aws_spot(itype, region, info.get("day"))
+        adv = _aws_spot(itype, region, day)
         if adv:
             spot, band, spot_src = od * (1 - adv[0] / 100.0), adv[1], adv[2] + f" x {od:g} $/h on-demand"
     elif cloud == "gcp" and itype in GCP_SPOT:
         spot, spot_src = GCP_SPOT[itype], f"GCE spot price list 2023-05-08 of {itype}"
     sources["spot"] = "the trace's own prices field" if trace.prices is not None else spot_src
-    if cloud in CLOUD_NOTICE_S:
-        notice, sources["notice"] = CLOUD_NOTICE_S[cloud], f"{cloud.upper()}'s reclaim notice"
-    else:
-        notice, sources["notice"] = default_notice_s, f"assumed {default_notice_s:g} s (cloud unknown)"
-    return TraceMarket(trace=trace.name, cloud=cloud, zone=zone, region=region, day=info.get("day"),
+    notice, sources["notice"] = CLOUD_NOTICE_S[cloud], f"{cloud.upper()}'s reclaim notice"
+    sources["cloud"] = "given" if given_cloud else (f"recorded at load from the {meta['cloud_from']}"
+                                                    if meta.get("cloud_from") else "the trace's metadata.cloud")
+    return TraceMarket(trace=trace.name, cloud=cloud, zone=zone, region=region, day=day,
                        instance_type=itype, nodes=nodes, gpus_per_node=gpus, on_demand_usd_per_hour=od,
                        spot_usd_per_hour=round(spot, 6), spot_from_trace=trace.prices is not None, notice_s=notice,
                        band=band, sources=sources)

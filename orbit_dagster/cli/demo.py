@@ -11,7 +11,6 @@ uninterrupted run of the same bundle.
 """
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from ..control.providers import provider_for
 from ..control.submit import submit
 from ..core.bundle import JobBundle
 from ..core.errors import OrbitError
+from ..core.host_contract import EVENTS_FILE, Checkpoint, read_file
 from ..deploy.instance import Daemon, ensure_dagster_home, wait_until_idle
 from ..ledger import records as R
 from ..providers.base import RunHandle
@@ -183,10 +183,10 @@ class ReferenceRun:
     def weights(self) -> str | None:
         if self.proc is None or self.proc.wait() != 0:
             return None
-        lines = (Path(self.tmp.name) / "artifacts" / "events.jsonl").read_text().splitlines()
-        final = [e for e in map(json.loads, lines) if e["type"] == "checkpoint"][-1]["weights_sha256"]
+        entries, _ = read_file(Path(self.tmp.name) / "artifacts" / EVENTS_FILE, 0, limit=1 << 30)
+        checkpoints = [e for e in entries if isinstance(e, Checkpoint)]  # through the host contract's reader
         self.tmp.cleanup()
-        return final
+        return checkpoints[-1].weights_sha256 if checkpoints else None
 
 
 def bit_identical(settings: Settings, job_id: str, reference: str | None) -> bool | None:

@@ -20,6 +20,7 @@ from ..core.host_contract import (
     Entry,
     Exit,
     HostEvent,
+    Interval,
     Metrics,
     Notice,
     Probe,
@@ -39,6 +40,7 @@ from . import handoff
 from .billing import attempt_checkpoints, release
 from .context import NullReporter, Reporter, bundle_and_provider, eval_suite_for, store_for
 from .dispatch import dispatch
+from .recovery import after_failure, recover_lost
 
 FINAL_RUN_STATES = {"SUCCEEDED", "FAILED", "LOST", "CANCELLED"}
 # What a host's `started`, `notice`, `probe` and `resumed` lines become in the ledger: a
@@ -111,8 +113,12 @@ class AttemptMonitor:
         """Act on the host contract's records (read_events); a refused line is recorded, skipped."""
         ckpt_rows: list[dict] = []
         notes: list[dict] = []
+        decisions: list[dict] = []
         for ev in events:
             try:
+                if isinstance(ev, Interval):
+                    decisions.append(self._interval_decision(ev))
+                    continue
                 self._on_event(ev, ckpt_rows, notes)
             except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
                 # A record the contract accepts that still cannot be acted on (a checkpoint uri no
@@ -120,11 +126,23 @@ class AttemptMonitor:
                 # workload, which can write events) never stops the run that follows the attempt.
                 notes.append(R.event("event_rejected", job_id=self.job_id, run_id=self.run_id,
                                      reason=f"{type(exc).__name__}: {exc}"[:500], line=str(ev)[:500]))
+        if decisions:
+            self.ledger.commit({"decisions": decisions})
         new = C.register(self.ledger, ckpt_rows, eval_suite=self.eval_suite, events=notes) if (ckpt_rows or notes) else []
         self.registered |= {r["checkpoint_key"] for r in ckpt_rows}
         if new:
             self.new_checkpoints += [r["checkpoint_key"] for r in new]
             self.reporter.checkpoints(new)
+
+    def _interval_decision(self, ev: Interval) -> dict:
+        """The agent's re-decided checkpoint interval as a decision row. Named by the line's
+        number in the attempt's stream: a re-read (a re-attach reads from the start) records it once."""
+        inputs = fields_of(ev)
+        inputs.pop("reason", None)
+        return {"decision_id": f"interval:{self.run_id}:{ev.seq}", "job_id": self.job_id,
+                "attempt": self.handle.attempt, "kind": "checkpoint_interval", "chosen": str(ev.steps),
+                "runner_up": None if ev.policy_steps is None else str(ev.policy_steps),
+                "inputs": R.dumps({"decided_on": "host", "reason": ev.reason, **inputs}), "ts": _when(ev)}
 
     def _on_event(self, ev: Entry, ckpt_rows: list[dict], notes: list[dict]) -> None:
         if isinstance(ev, Rejected):  # not a line of the contract: its kind, version or field named
@@ -358,8 +376,6 @@ def finish(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHa
                                   monitor.last_step, usd, reattached, already_ended=True)
     outcome = AttemptOutcome(job_id, attempt, run_id, final.value, failure_class, status.reason, status.exit_code,
                              handle.instance.instance_id, monitor.new_checkpoints, monitor.last_step, usd, reattached)
-    from .recovery import after_failure, recover_lost  # local: recovery imports this module
-
     # Decide the next attempt now rather than at the interruption sensor's next tick; the
     # sensor makes the same idempotent decision if this process dies first.
     if outcome.state == JobState.LOST.value:

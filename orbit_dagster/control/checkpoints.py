@@ -9,6 +9,7 @@ whoever changed the bytes could have rewritten too).
 from __future__ import annotations
 
 import math
+from datetime import datetime
 
 from ..core.errors import CheckpointIntegrityError
 from ..core.host_contract import Checkpoint
@@ -125,8 +126,6 @@ def scan_store(ledger: Ledger, store_uri: str, job_id: str, *, eval_suite: str |
 
 
 def _iso_ts(text: str) -> float | None:
-    from datetime import datetime
-
     try:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:

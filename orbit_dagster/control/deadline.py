@@ -3,7 +3,8 @@
 A template with `deadline_hours` must finish within that many hours of submission. At each
 dispatch, and at every price-feed tick while it runs on spot, the control plane asks
 `policy.deadline_plan.spot_or_on_demand` with what it knows (work left from the measured
-step time, time left, both prices, the offer's reclaim rate, save/restore times, notice);
+step time, time left, both prices, the offer's reclaim rate and the availability estimate
+updated with the same record, save/restore times, notice);
 `on_demand` rents the same shape on demand (never reclaimed), and a running attempt moves
 there make-before-break, like a migration. Every answer is a decision row with its inputs.
 """
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import time
 
+from ..catalog.reclaim_model import load_reclaim_model
 from ..core.offers import Offer, on_demand
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
-from ..policy.deadline_plan import spot_or_on_demand
+from ..policy.deadline import MIN_DECISION_TICK_S
+from ..policy.deadline_plan import MarkovAvailability, spot_or_on_demand
 from ..policy.offer_choice import RESTORE_PRIOR_S
 from ..policy.reclaim_rate import RateBook
 from .observations import measured_step_seconds, observed_reclaims
@@ -39,13 +42,18 @@ def choose(ledger: Ledger, job: dict, template, offer: Offer, *, notice_s: float
     time_left_s = max(template.deadline_hours * 3600.0 - (now - float(job["created_at"])) * scale, 0.0)
     book = RateBook()
     seen = observed_reclaims(ledger).get(offer.offer_id)
+    est = book.for_offer(offer)
     if seen:
-        book.for_offer(offer).observe(seen[0], seen[1] * 3600.0 * scale)
+        est.observe(seen[0], seen[1] * 3600.0 * scale)
+    # The availability the planner works on: its prior, updated with the same reclaims and
+    # up-time as the offer's rate (what `orbit simulate`'s planner learns from its feed).
+    availability = MarkovAvailability.from_exposure(load_reclaim_model(), MIN_DECISION_TICK_S,
+                                                    reclaims=est.reclaims, exposure_s=est.exposure_s)
     d = spot_or_on_demand(work_left_s=work_left_s, time_left_s=time_left_s, spot_available=True, holding=holding,
                           spot_usd_per_hour=offer.usd_per_second * 3600.0,
                           on_demand_usd_per_hour=od.usd_per_second * 3600.0, restore_s=RESTORE_PRIOR_S,
                           save_s=measured_save_seconds(ledger, template.name, scale), notice_s=notice_s * scale,
-                          mtbf_s=book.for_offer(offer).mtbf_s)
+                          mtbf_s=est.mtbf_s, availability=availability)
     action = "on_demand" if d.action == "on_demand" else "spot"
     row = {"decision_id": R.event("decision")["event_id"], "job_id": job["job_id"], "attempt": int(job["attempt"]),
            "kind": "spot_or_on_demand", "chosen": action, "runner_up": "spot" if action == "on_demand" else "on_demand",

@@ -10,6 +10,7 @@ FAILED with its failure class and the reason, never left DISPATCHING.
 from __future__ import annotations
 
 import json
+import math
 import time
 
 from ..core.errors import NoCapacity, OrbitError
@@ -17,13 +18,18 @@ from ..core.failures import classify_dispatch_error
 from ..core.lifecycle import JobState
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
+from ..policy.checkpointing import OrbitInterval, StaticYoungDaly
+from ..policy.reclaim_rate import NoticeReliability, RateBook
 from ..providers.base import InstanceHandle, LaunchSpec, Provider, RunHandle
 from ..settings import Settings
 from . import checkpoints as C
 from .billing import instance_row, release
 from .context import Reporter, bundle_and_provider, eval_suite_for
-from .observations import probed_offers
-from .placement import rank_for
+from .deadline import choose, on_demand_offers
+from .market_clock import time_scale
+from .observations import measured_step_seconds, observed_reclaims, probed_offers
+from .placement import measured_save_seconds, rank_for
+from .recovery import offers_to_avoid
 
 # An AWS instance can take ~10 minutes to boot; after this the reconciler ends the attempt.
 DISPATCH_TIMEOUT_S = 20 * 60.0
@@ -83,14 +89,9 @@ def _launch(settings: Settings, ledger: Ledger, job: dict, bundle, provider: Pro
     store_uri = settings.store_uri_for(template.checkpoint.store)
     suite = eval_suite_for(settings, ledger, job_id, attempt)
     resume = C.newest_complete(ledger, store_uri, job_id, lineage=job["lineage"], eval_suite=suite)
-    from .recovery import offers_to_avoid  # local: recovery imports this module
-
     ranked, decision = rank_for(ledger, provider, bundle.spec.execution_request, job_id=job_id, attempt=attempt,
                                 notice_s=provider.notice_seconds, template=template.name,
                                 avoid=offers_to_avoid(ledger, job_id))
-    from .deadline import choose, on_demand_offers
-    from .market_clock import time_scale
-
     market, market_row = choose(ledger, job, template, ranked[0], notice_s=provider.notice_seconds,
                                 done_steps=int(resume["step"]) if resume else 0,
                                 scale=time_scale(provider)) if ranked else ("spot", None)
@@ -104,8 +105,9 @@ def _launch(settings: Settings, ledger: Ledger, job: dict, bundle, provider: Pro
         provisioned.append(instance)
     offer = instance.offer
     run_id = R.run_id_for(job_id, attempt)
-    interval, interval_row = checkpoint_plan(ledger, provider, template, offer, job_id=job_id, attempt=attempt,
-                                             done_steps=int(resume["step"]) if resume else 0)
+    interval, interval_row, interval_plan = checkpoint_plan(
+        ledger, provider, template, offer, job_id=job_id, attempt=attempt,
+        done_steps=int(resume["step"]) if resume else 0, instance_started_at=instance.started_at.timestamp())
     decision["inputs"] = R.dumps({**json.loads(decision["inputs"]), "tried": tried,
                                   "standby": instance.instance_id if standby else None})
     if standby:  # provisioned ahead by a migration: it becomes this attempt's instance
@@ -122,6 +124,7 @@ def _launch(settings: Settings, ledger: Ledger, job: dict, bundle, provider: Pro
         resume_from=provider.stage_checkpoint(instance, resume["uri"]) if resume else None,
         resume_sha256=resume["sha256"] if resume else None,
         checkpoint_every=interval,
+        interval_plan=interval_plan,
         memory_every=template.checkpoint.memory_every_steps,
         env=dict(bundle.spec.execution_request.env),
         secret_env=tuple(bundle.spec.execution_request.secret_env),
@@ -184,8 +187,6 @@ def fleet_notices(ledger: Ledger, provider: str):
 
     A notice is known from its event, or from the emergency checkpoint it caused: the host's
     event file goes with its disk at the reclaim, and may not have been read before."""
-    from ..policy.reclaim_rate import NoticeReliability
-
     row = ledger.one(
         """SELECT count(*) AS reclaims,
                   coalesce(sum(CASE WHEN NOT EXISTS (SELECT 1 FROM events e WHERE e.run_id = r.run_id
@@ -200,24 +201,20 @@ def fleet_notices(ledger: Ledger, provider: str):
 
 
 def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_id: str, attempt: int,
-                    done_steps: int = 0) -> tuple[int, dict]:
-    """The durable checkpoint interval in steps, and its decision row.
+                    done_steps: int = 0, instance_started_at: float | None = None) -> tuple[int, dict, dict]:
+    """The first durable checkpoint interval in steps, its decision row, and the plan the
+    agent re-asks after each durable save (runtime/checkpoint_schedule.py).
 
     `every_steps` is the template's cadence: checkpoints (which are also what is evaluated
     and ranked) come at least that often. `interval_policy: orbit` (the default) may ask for
     more: the same `policy.checkpointing.OrbitInterval` that `orbit simulate` replays, from
     the offer's reclaim rate (its prior updated with every reclaim the ledger saw on it), the
     fleet's record of notices, the measured save time and the work left; `young-daly` is
-    Daly's interval for the offer's MTBF; `fixed` is the cadence alone. The policy decides at
-    launch (the instance's age 0), in seconds of work, turned into steps with the measured
-    step time. Times go to the policy in the market's seconds (`market_clock.time_scale`)."""
-    import math
-
-    from ..policy.checkpointing import OrbitInterval, StaticYoungDaly
-    from ..policy.reclaim_rate import RateBook
-    from .market_clock import time_scale
-    from .observations import measured_step_seconds, observed_reclaims
-    from .placement import measured_save_seconds
+    Daly's interval for the offer's MTBF; `fixed` is the cadence alone. The policy decides
+    here for the instance's age 0, in seconds of work, turned into steps with the measured
+    step time; `orbit`'s rule (`OrbitInterval.rule`) goes to the host, which asks it again
+    after each durable save for the instance's age then, as `orbit simulate` does. Times go
+    to the policy in the market's seconds (`market_clock.time_scale`)."""
 
     scale = time_scale(provider)
     book = RateBook()
@@ -232,11 +229,13 @@ def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_
     work_left_s = max(int(template.config.get("steps", 0)) - done_steps, 0) * step_s or math.inf
     name = template.checkpoint.interval_policy
     decision: dict = {"interval_s": None, "reason": "the template's cadence", "inputs": {}}
+    rule = None
     if name == "orbit":
         policy = OrbitInterval.for_offer(offer, save_s=save_s, notice_s=notice_s, rates=book,
                                          notices=fleet_notices(ledger, provider.name),
-                                         nodes=1)  # one instance per attempt
+                                         nodes=1)  # a job is one instance (no `resources.nodes` yet)
         decision = policy.decide(age_s=0.0, work_left_s=work_left_s)
+        rule = policy.rule().as_record()
     elif name == "young-daly":
         tau = StaticYoungDaly(est.mtbf_s, save_s).interval(0.0, work_left_s)
         decision = {"interval_s": tau, "reason": f"Daly's interval for MTBF {est.mtbf_s:.0f} s", "inputs": {}}
@@ -248,10 +247,13 @@ def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_
         "decision_id": R.event("decision")["event_id"], "job_id": job_id, "attempt": attempt,
         "kind": "checkpoint_interval", "chosen": str(steps),
         "runner_up": str(policy_steps if steps == cadence else cadence),
-        "inputs": R.dumps({"policy": name, "reason": decision.get("reason"), "policy_inputs": decision.get("inputs"),
+        "inputs": R.dumps({"policy": name, "age_s": 0.0, "step": done_steps, "reason": decision.get("reason"),
+                           "policy_inputs": decision.get("inputs"),
                            "interval_s": interval_s, "policy_steps": policy_steps, "cadence_steps": cadence,
                            "save_s": save_s, "step_s": step_s, "notice_s": notice_s, "time_scale": scale,
                            "work_left_s": None if math.isinf(work_left_s) else work_left_s, "rate": est.as_record()}),
         "ts": utcnow(),
     }
-    return steps, row
+    plan = {"policy": name, "rule": rule, "cadence_steps": cadence, "steps": int(template.config.get("steps", 0)) or None,
+            "step_s": step_s or None, "time_scale": scale, "instance_started_at": instance_started_at}
+    return steps, row, plan

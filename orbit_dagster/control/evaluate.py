@@ -6,29 +6,35 @@ when the checkpoint was deleted. Before anything is rented the checkpoint's byte
 checked against the ledger's sha256; the instance is released in a `finally`, whatever
 happens, and an evaluation that outlives its timeout is stopped. A claim whose run died is
 given back by `reconcile_evaluations`, so an evaluation is never lost nor run twice at once.
+
+A run may evaluate more than its own checkpoint (`share`): it then claims other PENDING
+evaluations of the same job and suite, each by the same compare-and-set, and one agent on
+one instance evaluates them in turn (control/eval_host.py), each result recorded on its own
+row as it arrives. The instance is then named after the run (`instances.dagster_run_id`),
+so reconcile releases it whichever of the run's claims it gives back first.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from ..core.bundle import JobBundle
 from ..core.errors import CheckpointIntegrityError, NotFound, OrbitError
-from ..core.host_contract import Entry, Evaluation
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
-from ..providers.base import InstanceHandle, LaunchSpec, Provider
+from ..providers.base import InstanceHandle, Provider
 from ..settings import Settings
-from .billing import instance_row, release
+from .billing import release
 from .checkpoints import check_against_ledger
 from .context import NullReporter, Reporter
-from .dispatch import provision_first
-from .placement import rank_for
+from .eval_host import MAX_EVAL_TRIES, evaluate_batch, shared_lines
+from .eval_output import valid_metrics
 from .providers import provider_for
 
-MAX_EVAL_TRIES = 3  # hosts tried within one run (an evaluation reclaimed mid-way starts again elsewhere)
+__all__ = ["MAX_EVAL_TRIES", "MAX_EVAL_RUNS", "evaluate_checkpoint", "claim", "claim_more", "give_back",
+           "return_untried", "cancel_claim", "valid_metrics", "pending_evaluations", "eval_run_key",
+           "stale_evaluations", "abandon_evaluation", "skip_deleted", "reconcile_evaluations"]
 MAX_EVAL_RUNS = 3  # runs per (checkpoint, suite) before it is FAILED for good
 
 
@@ -99,40 +105,21 @@ def give_back(ledger: Ledger, checkpoint_key: str, suite: str, *, tries: int, re
     return state
 
 
-def _finite(value: int | float) -> bool:
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:  # an integer beyond any float
-        return False
-
-
-def valid_metrics(metrics: object) -> dict[str, float]:
-    """An evaluation's output: a non-empty mapping of metric names to finite numbers."""
-    if not isinstance(metrics, dict) or not metrics:
-        raise OrbitError(f"the evaluation reported {type(metrics).__name__} {str(metrics)[:80]!r}, not metrics",
-                         field="metrics", fix="the eval script reports {\"metrics\": {\"name\": number, ...}}")
-    out = {}
-    for name, value in metrics.items():
-        if not isinstance(name, str) or not name or len(name) > 200:
-            raise OrbitError(f"metric name {str(name)[:80]!r} is not valid", field="metrics", value=str(name)[:80],
-                             fix="names are non-empty strings of at most 200 characters")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
-            raise OrbitError(f"metric {name!r} = {str(value)[:80]!r} is not a finite number", field=f"metrics.{name}",
-                             value=str(value)[:80], fix="report finite numbers only")
-        out[name] = float(value)
-    return out
-
-
 def evaluate_checkpoint(settings: Settings, checkpoint_key: str, *, suite: str | None = None,
                         dagster_run_id: str | None = None, reporter: Reporter | None = None,
-                        poll_s: float = 0.2) -> dict:
+                        poll_s: float = 0.2, share: int = 1, exclude: frozenset[str] | set[str] = frozenset()) -> dict:
+    """Evaluate one checkpoint and, with `share` > 1, up to `share - 1` other PENDING
+    evaluations of the same job and suite on the same instance (not those in `exclude`: the
+    checkpoints another run is queued for). Their results are in `shared`, their failures
+    (given back) in `shared_failed`; only this checkpoint's own failure raises."""
     reporter = reporter or NullReporter()
     ledger = settings.ledger()
     ckpt = R.checkpoint(ledger, checkpoint_key)
     if ckpt is None:
         raise NotFound(f"no checkpoint {checkpoint_key!r}", field="checkpoint", value=checkpoint_key,
                        fix="list checkpoints with `orbit status JOB`")
-    bundle = JobBundle.load(R.bundle_for(ledger, ckpt["job_id"], max(int(ckpt["attempt"] or 1), 1))["path"])
+    bundle_row = R.bundle_for(ledger, ckpt["job_id"], max(int(ckpt["attempt"] or 1), 1))
+    bundle = JobBundle.load(bundle_row["path"])
     template = bundle.spec.template
     if template.eval is None:
         raise OrbitError(f"template {template.name} defines no evaluation", field="eval", fix="add an eval: section")
@@ -141,18 +128,76 @@ def evaluate_checkpoint(settings: Settings, checkpoint_key: str, *, suite: str |
     if c.already is not None:
         return {"checkpoint_key": checkpoint_key, "suite": suite, "state": c.already["state"],
                 "already": True, "dagster_run_id": c.already["dagster_run_id"]}
+    claims = [c]
     try:
         check_against_ledger(c.checkpoint)  # nothing is rented for a checkpoint that fails its check
-        result = _run_on_instances(settings, ledger, bundle, c, dagster_run_id=dagster_run_id, reporter=reporter,
-                                   poll_s=poll_s)
+        if share > 1:
+            claims += claim_more(ledger, c, bundle_row["path"], limit=share - 1, exclude=set(exclude),
+                                 dagster_run_id=dagster_run_id)
+        out = evaluate_batch(settings, ledger, bundle, claims, dagster_run_id=dagster_run_id, reporter=reporter,
+                             poll_s=poll_s, give_back=lambda k, why: _give_back(ledger, k, why, dagster_run_id),
+                             return_untried=lambda k: return_untried(ledger, k))
     except BaseException as exc:
         if not isinstance(exc, Exception):  # the run was terminated: a person's cancel, not a failure to retry
-            cancel_claim(ledger, checkpoint_key, suite, reason=f"its run {dagster_run_id} was terminated")
+            for k in claims:
+                cancel_claim(ledger, k.checkpoint["checkpoint_key"], suite,
+                             reason=f"its run {dagster_run_id} was terminated")
             raise
         reason = str(exc) if isinstance(exc, OrbitError) else f"{type(exc).__name__}: {exc}"
         give_back(ledger, checkpoint_key, suite, tries=c.tries, reason=reason, dagster_run_id=dagster_run_id)
+        for k in claims[1:]:
+            return_untried(ledger, k)
         raise
-    return result
+    if checkpoint_key in out.failed:
+        raise OrbitError(f"evaluation of {checkpoint_key} failed: {out.failed[checkpoint_key]}\n{out.log_tail}",
+                         field="checkpoint", value=checkpoint_key,
+                         fix="see the log above; `orbit logs JOB` has the whole of it")
+    others = [k.checkpoint["checkpoint_key"] for k in claims[1:]]
+    return {**out.results[checkpoint_key], "shared": [out.results[k] for k in others if k in out.results],
+            "shared_failed": {k: out.failed[k] for k in others if k in out.failed}}
+
+
+def claim_more(ledger: Ledger, first: EvalClaim, bundle_path: str, *, limit: int, exclude: set[str],
+               dagster_run_id: str | None) -> list[EvalClaim]:
+    """Claim (each compare-and-set) up to `limit` other PENDING evaluations of `first`'s job and
+    suite whose checkpoints are live, pass their check and come from the same bundle (the eval
+    script is the bundle's), oldest checkpoint first. One that fails its check is given back."""
+    job_id, suite = first.checkpoint["job_id"], first.suite
+    rows = ledger.rows("""SELECT e.checkpoint_key, c.attempt FROM evaluations e
+                          JOIN checkpoints c ON c.checkpoint_key = e.checkpoint_key
+                          WHERE e.job_id = ? AND e.suite = ? AND e.state = 'PENDING' AND c.deleted_at IS NULL
+                          AND e.checkpoint_key <> ? ORDER BY c.attempt, c.step""",
+                       [job_id, suite, first.checkpoint["checkpoint_key"]])
+    out: list[EvalClaim] = []
+    for row in rows:
+        if len(out) >= limit:
+            break
+        if row["checkpoint_key"] in exclude or \
+                R.bundle_for(ledger, job_id, max(int(row["attempt"] or 1), 1))["path"] != bundle_path:
+            continue
+        c = claim(ledger, row["checkpoint_key"], suite, dagster_run_id=dagster_run_id)
+        if c.already is not None:
+            continue  # another run took it meanwhile
+        try:
+            check_against_ledger(c.checkpoint)
+        except CheckpointIntegrityError as exc:
+            _give_back(ledger, c, str(exc), dagster_run_id)
+            continue
+        out.append(c)
+    return out
+
+
+def _give_back(ledger: Ledger, c: EvalClaim, reason: str, dagster_run_id: str | None) -> str:
+    return give_back(ledger, c.checkpoint["checkpoint_key"], c.suite, tries=c.tries, reason=reason,
+                     dagster_run_id=dagster_run_id)
+
+
+def return_untried(ledger: Ledger, c: EvalClaim) -> None:
+    """RUNNING -> PENDING with its try not counted: claimed for a batch that ended before it ran."""
+    with ledger.write() as tx:
+        tx.execute("""UPDATE evaluations SET state = 'PENDING', tries = ?, started_at = NULL
+                      WHERE checkpoint_key = ? AND suite = ? AND state = 'RUNNING'""",
+                   [max(c.tries - 1, 0), c.checkpoint["checkpoint_key"], c.suite])
 
 
 def cancel_claim(ledger: Ledger, checkpoint_key: str, suite: str, *, reason: str) -> None:
@@ -161,89 +206,6 @@ def cancel_claim(ledger: Ledger, checkpoint_key: str, suite: str, *, reason: str
         tx.execute("""UPDATE evaluations SET state = 'CANCELLED', reason = ?, finished_at = ?
                       WHERE checkpoint_key = ? AND suite = ? AND state = 'RUNNING'""",
                    [reason, utcnow(), checkpoint_key, suite])
-
-
-def _run_on_instances(settings: Settings, ledger: Ledger, bundle: JobBundle, c: EvalClaim, *,
-                      dagster_run_id: str | None, reporter: Reporter, poll_s: float) -> dict:
-    ckpt, suite, key = c.checkpoint, c.suite, c.checkpoint["checkpoint_key"]
-    template = bundle.spec.template
-    provider = provider_for(settings, bundle.spec.execution_request.backend_key)
-    last_error, reclaimed = "", set()
-    for host_try in range(1, MAX_EVAL_TRIES + 1):
-        ranked, _ = rank_for(ledger, provider, bundle.spec.execution_request, job_id=ckpt["job_id"], attempt=0,
-                             notice_s=provider.notice_seconds, template=template.name, avoid=reclaimed)
-        instance, _ = provision_first(provider, ranked, ckpt["job_id"], 0)
-        t0, metrics, status, good, usd = time.time(), None, None, False, 0.0
-        try:
-            ledger.commit({"instances": [instance_row(instance, "eval", ckpt["job_id"], None, key, suite=suite,
-                                                      dagster_run_id=dagster_run_id)]})
-            spec = LaunchSpec(task="eval", attempt=host_try,
-                              store_uri=provider.host_store_uri(instance, settings.store_uri_for(template.checkpoint.store)),
-                              eval_checkpoint=provider.stage_checkpoint(instance, ckpt["uri"]), eval_sha256=ckpt["sha256"],
-                              env=dict(bundle.spec.execution_request.env),
-                              secret_env=tuple(bundle.spec.execution_request.secret_env))
-            handle = provider.launch(instance, bundle.path, spec)
-            status, metrics = _follow(provider, handle, poll_s=poll_s, timeout_s=settings.eval_timeout_s)
-            if status.state == "exited" and status.exit_code == 0:
-                metrics, good = valid_metrics(metrics), True
-        finally:
-            extra = _result_rows(ckpt, suite, metrics) if good else {}
-            usd = release(settings, ledger, provider, instance, job_id=ckpt["job_id"], run_id=None, attempt=0,
-                    checkpoints=[], lost=False, last_progress=None, reason="evaluation ended", purpose="eval",
-                    eval_checkpoint=key, suite=suite, extra=extra)
-        if status.state == "exited" and status.exit_code == 0:
-            _finish(ledger, key, suite, metrics, instance, dagster_run_id, time.time() - t0)
-            reporter.log(f"evaluated {key} ({suite}): {metrics}")
-            return {"checkpoint_key": key, "suite": suite, "metrics": metrics, "seconds": time.time() - t0,
-                    "instance_id": instance.instance_id, "state": "SUCCEEDED", "already": False, "usd": usd}
-        last_error = status.reason or f"exit code {status.exit_code}"
-        if status.state != "lost" and status.failure_class not in ("reclaim", "infrastructure"):
-            break
-        reclaimed.add(instance.offer.offer_id)
-        reporter.log(f"evaluation of {key} lost its instance ({last_error}); trying another offer")
-    tail = provider.logs(handle, 20)
-    raise OrbitError(f"evaluation of {key} failed: {last_error}\n{tail}", field="checkpoint", value=key,
-                     fix="see the log above; `orbit logs JOB` has the whole of it")
-
-
-def _reported(events: list[Entry], metrics: dict | None) -> dict | None:
-    """The metrics of the last `evaluation` record read, else those already had."""
-    return next((e.metrics for e in reversed(events) if isinstance(e, Evaluation)), metrics)
-
-
-def _follow(provider: Provider, handle, *, poll_s: float, timeout_s: float):
-    offset, metrics = 0, None
-    deadline = time.time() + timeout_s
-    while True:
-        events, offset = provider.read_events(handle, offset)
-        metrics = _reported(events, metrics)
-        status = provider.status(handle)
-        if status.state in ("exited", "lost"):
-            events, offset = provider.read_events(handle, offset)
-            metrics = _reported(events, metrics)
-            return status, metrics
-        if time.time() > deadline:
-            from ..providers.base import RunStatus
-
-            return RunStatus(state="exited", exit_code=None, failure_class="infrastructure",
-                             reason=f"evaluation timed out after {timeout_s:.0f} s"), None
-        time.sleep(poll_s)
-
-
-def _result_rows(ckpt: dict, suite: str, metrics: dict) -> dict[str, list[dict]]:
-    now = utcnow()
-    return {"metric_points": [{
-        "job_id": ckpt["job_id"], "experiment": ckpt["experiment"], "run_id": f"eval:{ckpt['checkpoint_key']}:{suite}",
-        "checkpoint_key": ckpt["checkpoint_key"], "suite": suite, "step": int(ckpt["step"]), "name": name,
-        "value": float(value), "source": "eval", "ts": now} for name, value in metrics.items()]}
-
-
-def _finish(ledger: Ledger, key: str, suite: str, metrics: dict, instance: InstanceHandle,
-            dagster_run_id: str | None, seconds: float) -> None:
-    with ledger.write() as tx:
-        tx.execute("""UPDATE evaluations SET state = 'SUCCEEDED', metrics = ?, instance_id = ?, dagster_run_id = ?,
-                      seconds = ?, finished_at = ?, reason = NULL WHERE checkpoint_key = ? AND suite = ?""",
-                   [R.dumps(metrics), instance.instance_id, dagster_run_id, seconds, utcnow(), key, suite])
 
 
 def pending_evaluations(ledger: Ledger, limit: int) -> list[dict]:
@@ -274,11 +236,15 @@ def stale_evaluations(settings: Settings, run_alive: Callable[[str | None], bool
 def abandon_evaluation(settings: Settings, row: dict) -> str:
     """Release what the claim rented and give it back (PENDING again, or FAILED after MAX_EVAL_RUNS)."""
     ledger = settings.ledger()
-    for inst in ledger.rows("""SELECT handle, job_id FROM instances WHERE purpose = 'eval' AND checkpoint_key = ?
-                               AND suite = ? AND stopped_at IS NULL""", [row["checkpoint_key"], row["suite"]]):
+    # The instance rented for it: the one named after it, or the one its run shares (a batch's
+    # instance is named after the batch's first checkpoint). Billing is once per instance.
+    for inst in ledger.rows("""SELECT handle, job_id FROM instances WHERE purpose = 'eval' AND stopped_at IS NULL
+                               AND ((checkpoint_key = ? AND suite = ?) OR dagster_run_id = ?)""",
+                            [row["checkpoint_key"], row["suite"], row["dagster_run_id"] or "-"]):
         instance = InstanceHandle.model_validate_json(inst["handle"])
         release(settings, ledger, _provider_of_job(settings, ledger, inst["job_id"]), instance, job_id=inst["job_id"],
-                run_id=None, attempt=0, checkpoints=[], lost=False, last_progress=None,
+                run_id=None, attempt=0, checkpoints=shared_lines(ledger, instance.instance_id), lost=False,
+                last_progress=None,
                 reason="evaluation abandoned", purpose="eval", eval_checkpoint=row["checkpoint_key"],
                 suite=row["suite"])
     state = give_back(ledger, row["checkpoint_key"], row["suite"], tries=int(row["tries"] or 1),

@@ -5,7 +5,10 @@ Layout of DIR:
     metrics.jsonl         optional: one {"step": N, "<metric>": value, ...} per line
     <anything>-<step>/    one directory per checkpoint, holding `state.pt` (a torch state
                           dict with "model" and "step"); or orbit's own checkpoint
-                          directories (with manifest.json), verified as they are.
+                          directories (with manifest.json), verified as they are; or a
+                          Hugging Face Trainer's `checkpoint-<step>/` (model.safetensors or
+                          pytorch_model.bin, trainer_state.json: control/import_hf.py), whose
+                          trainer states' log_history become the run's metrics too.
 
 Everything in DIR is untrusted input, data and never code:
 - nothing of DIR is executed: the `template` of run.json must name an installed template
@@ -41,12 +44,15 @@ from ..core.bundle import JobBundle, build_bundle
 from ..core.config_schema import show
 from ..core.errors import OrbitError
 from ..core.lifecycle import JobState
+from ..core.submission import check_name
 from ..core.templates import installed_template
 from ..ledger import records as R
 from ..ledger import utcnow
 from ..settings import Settings
 from ..storage.base import MANIFEST, CheckpointManifest, StoreError, check_rel, checkpoint_dir_name, sha256_bytes
+from . import import_hf
 from .submit import ensure_experiment
+from .validate import validate_submission
 
 STEP_RE = re.compile(r"(\d{1,12})$")
 MAX_STATE_BYTES = 64 << 30  # a checkpoint's files together, at most a quarter of this machine's memory
@@ -67,9 +73,10 @@ def _refuse(message: str, *, field: str, value: object = None, fix: str) -> Orbi
 
 
 def _weights_digest(blob: bytes, where: str) -> tuple[str, int | None]:
+    # lazy: torch costs 3 s or more; only a run whose checkpoints hold a state file loads one
     import torch
 
-    from ..runtime.checkpointing import weights_digest
+    from ..runtime.checkpointing import weights_digest  # lazy: imports torch (above)
 
     try:
         state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)  # data, never code
@@ -110,10 +117,14 @@ def _json(text: str, what: str, fix: str):
 
 def _collect(directory: Path) -> list[tuple[int, Path]]:
     found = []
-    for d in sorted(p for p in directory.iterdir() if p.is_dir() and not p.is_symlink()):
+    for d in sorted(p for p in directory.iterdir() if p.is_dir()):
         m = STEP_RE.search(d.name)
-        if m and ((d / "state.pt").is_file() or (d / MANIFEST).is_file()):
-            found.append((int(m.group(1)), d))
+        if not m or not ((d / "state.pt").is_file() or (d / MANIFEST).is_file() or import_hf.is_hf_checkpoint(d)):
+            continue
+        if d.is_symlink():  # a checkpoint that is a link: its files would come from outside DIR
+            raise _refuse(f"{d.name} is a link; imported checkpoints must be directories inside DIR", field="DIR",
+                          value=str(d), fix="copy the checkpoint directory instead of linking it")
+        found.append((int(m.group(1)), d))
     steps = [s for s, _ in found]
     if len(steps) != len(set(steps)):
         raise _refuse("two checkpoint directories name the same step", field="DIR", value=str(directory),
@@ -121,9 +132,11 @@ def _collect(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _files_of(d: Path, root: Path) -> tuple[dict[str, bytes], str]:
-    """The checkpoint's files and its weights digest, every name, size and byte checked."""
+def _files_of(d: Path, root: Path, step: int, hf_states: list) -> tuple[dict[str, bytes], str, dict]:
+    """The checkpoint's files, its weights digest and its manifest's meta, every name, size and
+    byte checked (a Hugging Face checkpoint's trainer state is appended to `hf_states`)."""
     cap = checkpoint_cap()
+    meta = {"imported_from": str(d)}
     if (d / MANIFEST).is_file():
         fix = "re-export the checkpoint"
         text = read_text_bounded(_regular_file(d / MANIFEST, root), MAX_MANIFEST_BYTES, what=f"{d.name}/{MANIFEST}",
@@ -164,15 +177,39 @@ def _files_of(d: Path, root: Path) -> tuple[dict[str, bytes], str]:
         if m.weights_sha256 and m.weights_sha256 != weights:
             raise _refuse(f"checkpoint {d.name}: its weights do not match the manifest's weights_sha256", field=d.name,
                           fix="re-export it; the manifest was written for other weights")
-        return files, weights
+        return files, weights, meta
+    if not (d / "state.pt").is_file() and import_hf.is_hf_checkpoint(d):
+        from ..runtime.checkpointing import weights_digest  # lazy: imports torch (1.5 s or more), for SDK runs only
+
+        files, state_dict, trainer_state = import_hf.hf_files(d, root, step, cap, lambda p, c: _read(p, root, c))
+        hf_states.append((d, trainer_state))
+        return files, weights_digest(state_dict), {"layout": "dir", "name": d.name, "format": "hf", **meta}
     blob = _read(d / "state.pt", root, cap)
     weights, _ = _weights_digest(blob, f"{d.name}/state.pt")
-    return {"state.pt": blob}, weights
+    return {"state.pt": blob}, weights, meta
+
+
+def _metric_row(job_id: str, experiment: str, keys: dict[int, str], step: int, name: str, value: float) -> dict:
+    return {"job_id": job_id, "experiment": experiment, "run_id": R.run_id_for(job_id, 1),
+            "checkpoint_key": keys.get(step), "step": step, "name": name, "value": value, "source": "train",
+            "ts": utcnow()}
+
+
+def _hf_metric_rows(hf_states: list, job_id: str, experiment: str, keys: dict[int, str]) -> list[dict]:
+    """The Hugging Face trainer states' log_history as metric rows (control/import_hf.py)."""
+    rows = []
+    for (step, name), value in sorted(import_hf.log_history_points(hf_states).items()):
+        if not name or len(name) > MAX_METRIC_NAME or not printable_name(name):
+            raise _refuse(f"trainer_state.json log_history: metric name {show(name)} is not a name (1 to "
+                          f"{MAX_METRIC_NAME} printable characters)", field="trainer_state.json", value=name[:120],
+                          fix="log metrics under short printable names")
+        rows.append(_metric_row(job_id, experiment, keys, step, name, value))
+    return rows
 
 
 def _metric_rows(directory: Path, job_id: str, experiment: str, keys: dict[int, str]) -> list[dict]:
     path = directory / "metrics.jsonl"
-    if not path.is_file():
+    if not path.is_file() and not path.is_symlink():
         return []
     cap = memory_cap(MAX_METRICS_BYTES, 0.125)
     check_size(_regular_file(path, directory), cap, what="metrics.jsonl", field="metrics.jsonl",
@@ -201,9 +238,7 @@ def _metric_rows(directory: Path, job_id: str, experiment: str, keys: dict[int, 
                 if not math.isfinite(v):
                     raise _refuse(f"metrics.jsonl line {n}: metric {k} = {v} is not a finite number",
                                   field="metrics.jsonl", value=n, fix=shape)
-                rows.append({"job_id": job_id, "experiment": experiment, "run_id": R.run_id_for(job_id, 1),
-                             "checkpoint_key": keys.get(step), "step": step, "name": k, "value": v, "source": "train",
-                             "ts": utcnow()})
+                rows.append(_metric_row(job_id, experiment, keys, step, k, v))
     return rows
 
 
@@ -245,15 +280,14 @@ def import_run(settings: Settings, directory: Path, *, experiment: str | None = 
     found = _collect(directory)
     if not found:
         raise _refuse(f"no checkpoints found in {directory}", field="DIR", value=str(directory),
-                      fix="each checkpoint is a sub-directory named ...-<step> holding state.pt")
+                      fix="each checkpoint is a sub-directory named ...-<step> holding state.pt, or a Hugging Face "
+                          "Trainer's checkpoint-<step> (model.safetensors or pytorch_model.bin, trainer_state.json)")
     experiment = experiment or str(meta.get("experiment", "imported"))
     project = str(meta.get("project", "default"))
     base = str(name or meta.get("name") or directory.name)
     digest = hashlib.sha256(str(directory).encode()).hexdigest()[:8]
     job_id = f"import-{re.sub(r'[^A-Za-z0-9_-]', '-', base)[:40].strip('-') or 'run'}-{digest}"
     template, sub = None, None
-    from .validate import validate_submission
-
     name_of_template, note = _template_of(settings, meta)
     if name_of_template is not None:
         overrides = meta.get("overrides") or {}
@@ -272,13 +306,17 @@ def import_run(settings: Settings, directory: Path, *, experiment: str | None = 
     written: list[str] = []
     lineage = f"L1-import-{digest}"
     try:
-        rows = _copy_checkpoints(store, found, job_id, experiment, lineage, directory, written, progress)
+        hf_states: list = []
+        rows = _copy_checkpoints(store, found, job_id, experiment, lineage, directory, written, progress, hf_states)
         keys = {r["step"]: r["checkpoint_key"] for r in rows}
-        metric_rows = _metric_rows(directory, job_id, experiment, keys)
+        own = _metric_rows(directory, job_id, experiment, keys)
+        seen = {(m["step"], m["name"]) for m in own}  # metrics.jsonl wins over the trainer states' log_history
+        metric_rows = [m for m in _hf_metric_rows(hf_states, job_id, experiment, keys)
+                       if (m["step"], m["name"]) not in seen] + own
         for r in rows:  # the training loss at a checkpoint's step, if recorded
             r["train_loss"] = next((m["value"] for m in metric_rows
                                     if m["checkpoint_key"] == r["checkpoint_key"] and m["name"] == "train/loss"), None)
-        bundle = build_bundle(template, sub, job_id, settings.bundles_dir) if template else None
+        bundle = build_bundle(template, sub, job_id, settings.bundles_dir, max_bytes=settings.bundle_max_bytes) if template else None
         _register(ledger, job_id, experiment, project, lineage, template, bundle, rows, metric_rows, directory)
     except BaseException:
         for uri in written:  # a refused import leaves nothing behind
@@ -295,22 +333,20 @@ def import_run(settings: Settings, directory: Path, *, experiment: str | None = 
 
 
 def validate_names(experiment: str, project: str) -> None:
-    from ..core.submission import check_name
-
     check_name("experiment", experiment)
     check_name("project", project)
 
 
-def _copy_checkpoints(store, found, job_id, experiment, lineage, directory, written, progress) -> list[dict]:
+def _copy_checkpoints(store, found, job_id, experiment, lineage, directory, written, progress, hf_states) -> list[dict]:
     rows: list[dict] = []
     parent_uri, parent_key = None, None
     for step, d in (progress(found) if progress else found):
-        files, weights = _files_of(d, directory)
+        files, weights, meta = _files_of(d, directory, step, hf_states)
         manifest = CheckpointManifest(
             job_id=job_id, step=step, tier="durable",
             files={rel: {"sha256": sha256_bytes(b), "bytes": len(b)} for rel, b in files.items()},
             weights_sha256=weights, parent=parent_uri, created_at=datetime.now(timezone.utc).isoformat(), attempt=1,
-            meta={"imported_from": str(d)})
+            meta=meta)
         uri = store.put(job_id, checkpoint_dir_name(step, 1), files, manifest)
         written.append(uri)
         rows.append({

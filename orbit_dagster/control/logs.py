@@ -34,6 +34,27 @@ def attempt_history(settings: Settings, job_id: str, attempt: int) -> list[str]:
     return lines
 
 
+def attempt_ending(settings: Settings, job_id: str, attempt: int) -> str:
+    """How the attempt ended, from its last recorded state: `LOST (reclaim): reason`, or
+    `RUNNING (still going)` for one that has not ended."""
+    last = settings.ledger().one("SELECT state, failure_class, reason FROM job_states WHERE job_id = ? AND attempt = ? "
+                                 "ORDER BY id DESC LIMIT 1", [job_id, attempt])
+    if last is None:
+        return "no state recorded"
+    state = last["state"]
+    if state in ("QUEUED", "DISPATCHING", "RUNNING", "CREATED"):
+        return f"{state} (still going)"
+    why = f" ({last['failure_class']})" if last["failure_class"] else ""
+    return f"{state}{why}" + (f": {last['reason']}" if last["reason"] else "")
+
+
+def job_log(settings: Settings, job_id: str, attempt: int | None = None, tail: int = 200) -> str:
+    """Every attempt's log, oldest first, each headed by how it ended (`attempt`: that one only)."""
+    job = R.require_job(settings.ledger(), job_id)
+    attempts = [attempt] if attempt is not None else range(1, int(job["attempt"]) + 1)
+    return "\n\n".join(attempt_log(settings, job_id, a, tail) for a in attempts)
+
+
 def attempt_log(settings: Settings, job_id: str, attempt: int | None = None, tail: int = 200) -> str:
     ledger = settings.ledger()
     job = R.require_job(ledger, job_id)
@@ -41,7 +62,8 @@ def attempt_log(settings: Settings, job_id: str, attempt: int | None = None, tai
     if attempt < 1 or attempt > int(job["attempt"]):
         raise NotFound(f"job {job_id} has no attempt {attempt}", field="--attempt", value=attempt,
                        fix=f"attempts so far: 1..{job['attempt']}")
-    header = [f"== {job_id} attempt {attempt}: control plane =="] + attempt_history(settings, job_id, attempt)
+    header = ([f"== {job_id} attempt {attempt} of {job['attempt']}: {attempt_ending(settings, job_id, attempt)} ==",
+               f"== {job_id} attempt {attempt}: control plane =="] + attempt_history(settings, job_id, attempt))
     collected = settings.artifacts_dir / job_id / f"attempt-{attempt}" / "agent.log"
     body: list[str] = []
     if collected.is_file():

@@ -29,6 +29,7 @@ from ..providers.base import RunHandle
 from ..settings import Settings
 from .billing import instance_row, release
 from .context import Attempts, bundle_and_provider
+from .deadline import choose
 from .market_clock import time_scale
 from .observations import measured_step_seconds
 from .placement import measured_save_seconds, rank_for
@@ -119,8 +120,6 @@ def plan_migrations(settings: Settings, *, now: datetime | None = None, window_s
 def to_on_demand(settings: Settings, ledger: Ledger, row: dict, current: Offer, *,
                  now: float | None = None, contexts: Attempts | None = None) -> dict | None:
     """A deadline job on spot whose policy now says on-demand: the move to the same shape on demand."""
-    from .deadline import choose
-
     bundle, provider = (contexts or Attempts(settings, ledger))(row["job_id"], int(row["attempt"]))
     template = bundle.spec.template
     if template.deadline_hours is None:

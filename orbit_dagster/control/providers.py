@@ -6,12 +6,15 @@ from contextvars import ContextVar
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
 
+from ..catalog.aws import parse_spot_price_history
 from ..core.errors import OrbitError
 from ..providers.base import Provider
 from ..settings import Settings
 
 
 def _sim(settings: Settings) -> Provider:
+    # lazy: the sim provider and its market bring numpy and urllib/ssl (0.3-0.5 s); `orbit submit` imports
+    # this registry (validate.py) and builds no provider
     from ..providers.sim.provider import SimProvider
     from .market_clock import schedule_for
 
@@ -20,7 +23,7 @@ def _sim(settings: Settings) -> Provider:
 
 
 def _ssh(settings: Settings) -> Provider:
-    from ..providers.ssh.provider import SshProvider
+    from ..providers.ssh.provider import SshProvider  # lazy: paramiko (0.3-0.4 s), for the SSH backend only
 
     return SshProvider(settings.ssh_hosts, state_dir=settings.home / "ssh")
 
@@ -28,8 +31,7 @@ def _ssh(settings: Settings) -> Provider:
 def _aws(settings: Settings, session: Any = None) -> Provider:
     # Credentials: boto3's standard chain only (environment, profile, instance role); none
     # are read, stored or logged here. Everything else comes from ORBIT_AWS_* (settings.aws).
-    from ..catalog.aws import parse_spot_price_history
-    from ..providers.aws.provider import AwsSpotProvider
+    from ..providers.aws.provider import AwsSpotProvider  # lazy: boto3 and paramiko (0.6 s or more), for AWS only
 
     # Spot prices come from EC2's price history; an operator can add rows in the same
     # format (`az_id  instance_type  product  usd_per_hour  timestamp`, tab-separated) to

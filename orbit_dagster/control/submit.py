@@ -17,7 +17,10 @@ from ..core.templates import TaskTemplate
 from ..ledger import records as R
 from ..ledger import utcnow
 from ..ledger.store import Tx
+from ..providers.base import RunHandle
 from ..settings import Settings
+from .billing import stop_cancelled
+from .context import bundle_and_provider
 from .lineage import next_lineage
 from .validate import validate_retry, validate_submission
 
@@ -55,7 +58,7 @@ def submit(settings: Settings, template_name: str, overrides: dict[str, Any] | N
     # The ledger before the bundle: a damaged or lost ledger is refused before anything is
     # written, and a new home's ledger exists before its first bundle (identity.py).
     ledger = settings.ledger()
-    bundle = build_bundle(template, sub, job_id, settings.bundles_dir)
+    bundle = build_bundle(template, sub, job_id, settings.bundles_dir, max_bytes=settings.bundle_max_bytes)
     lineage = next_lineage(None, template, 1, from_scratch=True)
     job_row = {"job_id": job_id, "template": template.name, "template_version": template.version,
                "kind": template.kind, "experiment": experiment, "project": project, "placement": template.placement,
@@ -92,7 +95,7 @@ def requeue(settings: Settings, job_id: str, *, overrides: dict[str, Any] | None
         # it was, changed only through its own whitelist.
         template = validate_retry(settings, old.spec.template, overrides)
         sub = old.spec.submission.model_copy(update={"overrides": {**old.spec.submission.overrides, **overrides}})
-        bundle = build_bundle(template, sub, job_id, settings.bundles_dir)
+        bundle = build_bundle(template, sub, job_id, settings.bundles_dir, max_bytes=settings.bundle_max_bytes)
         extra["bundles"] = [_bundle_row(bundle, attempt + 1)]
     lineage = next_lineage(row["lineage"], template, attempt + 1, from_scratch=from_scratch)
     extra["events"] = [R.event("requeued", job_id=job_id, attempt=attempt + 1, reason=reason, overrides=overrides or {},
@@ -120,10 +123,6 @@ def retry(settings: Settings, job_id: str, overrides: dict[str, Any] | None = No
 def cancel(settings: Settings, job_id: str, *, reason: str = "cancelled by a person") -> bool:
     """Cancel the job's current attempt and stop what it rents now: the workload is stopped, the
     instance released and billed to the second. False if the job had already ended."""
-    from ..providers.base import RunHandle
-    from .billing import stop_cancelled
-    from .context import bundle_and_provider
-
     ledger = settings.ledger()
     row = R.require_job(ledger, job_id)
     attempt = int(row["attempt"])

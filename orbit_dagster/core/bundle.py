@@ -1,6 +1,8 @@
 """JobBundle: the frozen, content-hashed contract a host runs.
 
 Layout:  job.json  inputs/  scripts/  runtime/  artifacts/  manifest.json
+`scripts/` is the workload directory as a tree (core/packaging.py), `inputs/` the files the
+template's `inputs` list.
 `manifest.json` lists the sha256 of every file outside `artifacts/` (the host's outputs);
 the bundle hash is the digest of that listing, so it names exactly the code, data and config
 that run. A bundle directory is built under a temporary name and renamed into place, so a
@@ -22,8 +24,10 @@ from . import provenance
 from .errors import BundleIntegrityError, TemplateError
 from .execution import ExecutionRequest
 from .hashing import canonical_json, digest_of_listing, sha256_file
+from .packaging import DEFAULT_MAX_BYTES, copy_tree
 from .submission import TaskSubmission, execution_request_for
 from .templates import TaskTemplate
+from .workload import workload_dir
 
 SCHEMA_VERSION = 1
 HASHED_DIRS = ("inputs", "scripts", "runtime")
@@ -31,8 +35,11 @@ HASHED_DIRS = ("inputs", "scripts", "runtime")
 # only Python and torch: it never imports the control plane. Of core/, only the host
 # contract (the event records the agent writes; stdlib only) and core's import-free
 # __init__ travel with them.
-RUNTIME_PACKAGES = ("runtime", "storage")
-RUNTIME_CORE_FILES = ("__init__.py", "host_contract.py")
+# `integrations` too: a command workload's script imports its helpers (env, framework
+# callbacks) on the host, through the PYTHONPATH the agent sets.
+RUNTIME_PACKAGES = ("runtime", "storage", "integrations")
+RUNTIME_CORE_FILES = ("__init__.py", "errors.py", "host_contract.py", "interval.py", "placeholders.py",
+                      "process_tree.py")
 
 
 class JobSpec(BaseModel):
@@ -78,21 +85,6 @@ class JobBundle(BaseModel):
         return cls(path=path, bundle_hash=manifest["bundle_sha256"], spec=spec)
 
 
-def workload_dir(workload: str) -> Path:
-    shipped = Path(str(importlib_resources.files("orbit_dagster") / "workloads" / workload))
-    if shipped.is_dir():
-        return shipped
-    path = Path(workload).expanduser()
-    if path.is_dir():
-        return path.resolve()
-    raise TemplateError(
-        f"workload {workload!r} is neither a shipped workload nor a directory",
-        field="workload",
-        value=workload,
-        fix="name a directory holding the entrypoint script",
-    )
-
-
 def _listing(root: Path) -> dict[str, str]:
     files = {"job.json": sha256_file(root / "job.json")}
     for top in HASHED_DIRS:
@@ -121,7 +113,7 @@ def verify_bundle(path: Path, manifest: dict | None = None) -> str:
 def _copy_runtime(dest: Path) -> None:
     pkg_root = Path(str(importlib_resources.files("orbit_dagster")))
     (dest / "orbit_dagster").mkdir(parents=True)
-    (dest / "orbit_dagster" / "__init__.py").write_text('"""Host-side copy: runtime, storage and the host contract only."""\n')
+    (dest / "orbit_dagster" / "__init__.py").write_text('"""Host-side copy: runtime, storage, integrations and the host contract only."""\n')
     for name in RUNTIME_PACKAGES:
         shutil.copytree(pkg_root / name, dest / "orbit_dagster" / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (dest / "orbit_dagster" / "core").mkdir()
@@ -136,11 +128,15 @@ def build_bundle(
     bundles_root: Path,
     *,
     execution_request: ExecutionRequest | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> JobBundle:
-    """Freeze a template (overrides already applied) into a bundle under `bundles_root/<hash>`."""
+    """Freeze a template (overrides already applied) into a bundle under `bundles_root/<hash>`:
+    the workload directory as a tree in `scripts/` (core/packaging.py; at most `max_bytes`),
+    the files its `inputs` list in `inputs/`."""
     src = workload_dir(template.workload)
+    # A command names its own files (any argv); an SDK template's scripts must be there.
     entry_files = [template.entrypoint] + ([template.eval.entrypoint] if template.eval else [])
-    for name in entry_files:
+    for name in filter(None, entry_files):
         if not (src / name).is_file():
             raise TemplateError(f"workload {template.workload!r} has no script {name!r}", field="entrypoint", value=name)
     bundles_root = Path(bundles_root)
@@ -154,9 +150,7 @@ def build_bundle(
                 raise TemplateError(f"workload input {name!r} not found in {src.name}", field="inputs", value=name)
             shutil.copy2(src / name, tmp / "inputs" / name)
         (tmp / "scripts").mkdir()
-        for f in sorted(src.glob("*.py")):
-            if f.name != "__init__.py":
-                shutil.copy2(f, tmp / "scripts" / f.name)
+        copy_tree(src, tmp / "scripts", exclude=set(template.inputs), max_bytes=max_bytes)
         _copy_runtime(tmp / "runtime")
         spec = JobSpec(
             job_id=job_id,

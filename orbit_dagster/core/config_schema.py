@@ -24,6 +24,7 @@ from typing import Annotated, Any
 from pydantic import AllowInfNan, BaseModel, Strict, ValidationError
 
 from .errors import OrbitError, TemplateError
+from .workload import workload_dir
 
 SCHEMA_FILE = "config.py"
 SCHEMA_CLASS = "Config"
@@ -77,8 +78,6 @@ def reason(exc: BaseException) -> str:
 
 def config_schema(workload: str) -> type[BaseModel]:
     """The `Config` model of a workload (shipped name or directory); a TemplateError naming the fix."""
-    from .bundle import workload_dir  # bundle imports the templates, which import this module
-
     try:
         directory = workload_dir(workload)
     except (OSError, ValueError) as exc:  # a name too long for the filesystem, a NUL byte

@@ -4,8 +4,11 @@ An instance is billed for every second from start to stop at its price. For a tr
 attempt, the seconds up to each checkpoint are attributed to that checkpoint. After the
 last checkpoint of a lost attempt, the seconds up to its last training step are `wasted`
 (that work is redone by the next attempt); every other remaining second is `overhead`
-(waiting for the reclaim after an emergency checkpoint, shutdown, collection). Evaluation instances are attributed whole to
-the checkpoint they evaluate. The parts always sum to the bill.
+(waiting for the reclaim after an emergency checkpoint, shutdown, collection). An evaluation
+instance is attributed to the checkpoints it evaluated: one evaluating several (a shared
+instance) gives each the seconds up to its result, and the rest (boot for the first, the
+shutdown, an evaluation that failed) to `eval_checkpoint`; one that evaluated a single
+checkpoint is attributed whole to it. The parts always sum to the bill.
 """
 from __future__ import annotations
 
@@ -35,9 +38,8 @@ def attribute_instance(
     last_progress: datetime | None = None,
 ) -> list[CostLine]:
     """Split [start, stop] into cost lines; `checkpoints` are (time durable, key)."""
-    total = max((stop - start).total_seconds(), 0.0)
     if purpose == "eval":
-        return [CostLine(eval_checkpoint, "eval", start, stop, total, total * usd_per_second)]
+        return _eval_lines(start, stop, usd_per_second, checkpoints, eval_checkpoint)
     lines: list[CostLine] = []
     cursor = start
     for when, key in sorted(checkpoints):
@@ -55,4 +57,22 @@ def attribute_instance(
     tail = (stop - cursor).total_seconds()
     if tail > 0 or not lines:
         lines.append(CostLine(None, "overhead", cursor, stop, tail, tail * usd_per_second))
+    return lines
+
+
+def _eval_lines(start: datetime, stop: datetime, usd_per_second: float, done: list[tuple[datetime, str]],
+                rest_to: str | None) -> list[CostLine]:
+    """An evaluation instance: each evaluated checkpoint its seconds up to its result, the rest
+    to `rest_to` (the whole to it when nothing else was evaluated)."""
+    lines: list[CostLine] = []
+    cursor = start
+    for when, key in sorted(done):
+        when = min(max(when, cursor), stop)
+        secs = (when - cursor).total_seconds()
+        lines.append(CostLine(key, "eval", cursor, when, secs, secs * usd_per_second))
+        cursor = when
+    tail = (stop - cursor).total_seconds()
+    if tail > 0 or not lines:
+        lines.append(CostLine(rest_to or (lines[-1].checkpoint_key if lines else None), "eval", cursor, stop, tail,
+                              tail * usd_per_second))
     return lines

@@ -26,6 +26,8 @@ class Resources(BaseModel):
     gpu_count: StrictInt = Field(1, ge=0, le=1024)
     gpu_memory_gb: FiniteFloat = Field(0, ge=0, le=100_000, description="minimum memory per GPU")
     cpu_threads: StrictInt = Field(1, ge=1, le=1024, description="torch threads, pinned for determinism")
+    processes: StrictInt = Field(1, ge=1, le=256, description="processes of a command workload on its instance: "
+                                 "more than 1 starts it under torchrun (one rank each)")
 
 
 class ExecutionRequest(BaseModel):

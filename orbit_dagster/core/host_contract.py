@@ -7,7 +7,8 @@ to it through `encode`): one JSON object a line, `{"type": KIND, "seq": N, "ts":
 types below, never on strings.
 
 Kinds (version 1): started, device, probe, resumed, loaded, metrics, progress, checkpoint,
-notice, evaluation, exit. Each class below names its fields and their types; a field with
+interval, notice, evaluation, exit. (`interval` came later than the others: a control plane
+that predates it refuses those lines alone, as an unknown kind, and goes on.) Each class below names its fields and their types; a field with
 a default may be absent from a line (the writer leaves out an optional field that is None).
 
 Versions. This control plane reads the versions in `READS_VERSIONS`; a host writes
@@ -20,7 +21,7 @@ fields are missing, unknown or of the wrong type is returned as a `Rejected` nam
 kind, version or field: never guessed, never raised (the run that follows the attempt
 records it as an `event_rejected` ledger event and goes on).
 
-Stdlib only, and this module alone of core/ is copied into every bundle (core/bundle.py):
+Stdlib only, and copied into every bundle with the few core modules the host needs (core/bundle.py):
 it runs on rented hosts that may have nothing but Python and torch.
 """
 from __future__ import annotations
@@ -42,7 +43,8 @@ EVENTS_FILE = "events.jsonl"
 READ_MAX = 4 << 20  # bytes per read: a host's file is read in bounded steps, the rest next poll
 COUNT_MAX = 2**62  # a step or byte count a database integer holds
 INT_RANGE = (-(2**63), 2**63 - 1)
-COUNTS = frozenset({"seq", "step", "bytes", "attempt", "last_step", "size", "iterations", "pid"})
+COUNTS = frozenset({"seq", "step", "bytes", "attempt", "last_step", "size", "iterations", "pid", "next_step",
+                    "steps", "cadence_steps", "policy_steps"})
 SHOWN_CHARS = 500  # of a refused line, kept in the refusal
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}  # JSON has no NaN: written as strings
 
@@ -155,6 +157,25 @@ class Checkpoint(HostEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Interval(HostEvent):
+    """The agent re-decided the durable checkpoint interval at `step` (runtime/checkpoint_schedule.py):
+    the next durable save comes at `next_step`; `age_s`, `work_left_s`, `interval_s` in market seconds."""
+
+    KIND: ClassVar[str] = "interval"
+    step: int
+    next_step: int
+    steps: int
+    age_s: float
+    policy: str
+    reason: str
+    cadence_steps: int
+    interval_s: float | None = None
+    policy_steps: int | None = None
+    work_left_s: float | None = None
+    step_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Notice(HostEvent):
     """A reclaim notice (the metadata endpoint, or SIGTERM)."""
 
@@ -186,7 +207,7 @@ class Exit(HostEvent):
 
 
 KINDS: dict[str, type[HostEvent]] = {c.KIND: c for c in (
-    Started, Device, Probe, Resumed, Loaded, Metrics, Progress, Checkpoint, Notice, Evaluation, Exit)}
+    Started, Device, Probe, Resumed, Loaded, Metrics, Progress, Checkpoint, Interval, Notice, Evaluation, Exit)}
 STEP_EVENTS = (Metrics, Progress, Checkpoint, Resumed, Loaded)  # the kinds that say a step was reached
 
 

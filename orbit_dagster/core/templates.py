@@ -21,10 +21,22 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from . import safe_yaml
 from .bounded import read_text_bounded
+from .command_template import check_placeholders, has_config_schema, plain_config
 from .config_schema import FiniteFloat, config_schema, readable, reason, show, validate_config
 from .errors import OrbitError, TemplateError
 from .execution import EnvName, EnvValue, LaunchMode, Placement, Resources
@@ -39,6 +51,16 @@ FieldPath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\
                                              max_length=128)]
 # A file of the workload directory, by name: no path separators, no `..`.
 FileName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}$")]
+# A command workload's argv (no shell): bounded in count and length, every element text.
+MAX_ARGV = 256
+MAX_ARG_CHARS = 4096
+Argv = Annotated[tuple[Annotated[StrictStr, StringConstraints(max_length=MAX_ARG_CHARS)], ...],
+                 Field(min_length=1, max_length=MAX_ARGV)]
+# A file name a framework writes last into a checkpoint (`.orbit-complete`): a leading dot is fine.
+MarkerName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.]*[A-Za-z0-9_-][A-Za-z0-9_.-]*$", max_length=128)]
+MAX_PATTERN_CHARS = 512
+# The signals a script can catch that frameworks use to stop (not SIGKILL/SIGSTOP: uncatchable).
+StopSignal = Literal["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"]
 
 
 class CheckpointPolicy(BaseModel):
@@ -52,6 +74,26 @@ class CheckpointPolicy(BaseModel):
     store: Literal["fs", "s3"] = "fs"
     keep_latest: StrictInt = Field(3, ge=1)
     keep_best: StrictInt = Field(2, ge=0)
+    # Command workloads (runtime/watcher.py): which names under the checkpoint directory are
+    # checkpoints, what a framework writes last into one, and how long every file must stay
+    # unchanged before it counts as complete.
+    pattern: str | None = Field(None, min_length=1, max_length=MAX_PATTERN_CHARS,
+                                description="regex with a named group `step`; default: a name ending in -<step> or _<step>")
+    complete_marker: MarkerName | None = None
+    settle_seconds: FiniteFloat = Field(2.0, ge=0, le=3600)
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_compiles_with_a_step(cls, pattern: str | None) -> str | None:
+        if pattern is None:
+            return None
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"is not a regular expression ({exc})") from None
+        if "step" not in compiled.groupindex:
+            raise ValueError("needs a named group `step`, e.g. ^ckpt_(?P<step>\\d+)\\.pt$")
+        return pattern
 
 
 class PrimaryMetric(BaseModel):
@@ -64,10 +106,25 @@ class PrimaryMetric(BaseModel):
 class EvalSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    entrypoint: FileName = "eval.py"
+    entrypoint: FileName | None = None  # "eval.py" unless a command is given
+    command: Argv | None = Field(None, description="argv of the eval script; {checkpoint_path} is the checkpoint")
     suite: str = Field("heldout", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     version: int = Field(1, ge=1, le=10_000, description="raise it when the suite changes: every live checkpoint "
                                                           "is then evaluated again (the backfill)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _entrypoint_unless_command(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("command") is None and data.get("entrypoint") is None:
+            data = {**data, "entrypoint": "eval.py"}
+        return data
+
+    @field_validator("command")
+    @classmethod
+    def _not_both(cls, command: tuple[str, ...] | None, info: ValidationInfo) -> tuple[str, ...] | None:
+        if command is not None and info.data.get("entrypoint") is not None:
+            raise ValueError("is given together with eval.entrypoint: an evaluation runs one or the other")
+        return command
 
     @property
     def suite_id(self) -> str:
@@ -93,7 +150,10 @@ class TaskTemplate(BaseModel):
     description: str = Field("", max_length=4096)
     workload: str = Field(min_length=1, max_length=MAX_WORKLOAD_CHARS,
                           description="a workload shipped in orbit_dagster.workloads, or a directory path")
-    entrypoint: FileName = "train.py"
+    entrypoint: FileName | None = Field(None, description="the SDK script defining main(ctx); train.py unless "
+                                                           "a command is given")
+    command: Argv | None = Field(None, description="argv of any script (no shell); `python` is the host's interpreter")
+    stop_signal: StopSignal = Field("SIGTERM", description="sent to a command on a reclaim notice")
     inputs: tuple[FileName, ...] = Field((), max_length=256, description="files of the workload directory copied into inputs/")
     eval: EvalSpec | None = EvalSpec()
     placement: Placement = "sim"
@@ -115,6 +175,41 @@ class TaskTemplate(BaseModel):
     # such a change (more steps, a different micro-batch split); any other config change
     # starts a new lineage.
     resume_compatible: tuple[FieldPath, ...] = Field((), max_length=256)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _entrypoint_unless_command(cls, data: Any) -> Any:
+        """An SDK template's entrypoint defaults to train.py; a command template has none, and no
+        SDK evaluation unless it says so (its `eval:` gives a command, or is left out)."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("command") is None:
+            return {**data, "entrypoint": "train.py"} if data.get("entrypoint") is None else data
+        return data if "eval" in data else {**data, "eval": None}
+
+    @field_validator("command")
+    @classmethod
+    def _command_or_entrypoint(cls, command: tuple[str, ...] | None, info: ValidationInfo) -> tuple[str, ...] | None:
+        if command is not None and info.data.get("entrypoint") is not None:
+            raise ValueError("is given together with entrypoint: a template runs an SDK entrypoint or a command, "
+                             "remove one of them")
+        return command
+
+    @field_validator("resources")
+    @classmethod
+    def _several_processes_need_a_command(cls, resources: Resources, info: ValidationInfo) -> Resources:
+        if resources.processes > 1 and info.data.get("command") is None:
+            raise ValueError(f"asks for {resources.processes} processes: several processes are started by torchrun "
+                             "for a command workload (`command:`); an SDK entrypoint runs one (processes: 1)")
+        return resources
+
+    @field_validator("eval")
+    @classmethod
+    def _eval_matches_the_workload(cls, spec: EvalSpec | None, info: ValidationInfo) -> EvalSpec | None:
+        if spec is not None and info.data.get("command") is not None and spec.command is None:
+            raise ValueError("of a command workload needs eval.command (the SDK's eval.entrypoint runs main(ctx)); "
+                             "give eval.command, or eval: null")
+        return spec
 
     # Field validators (not one model validator) so that an error names its field: these
     # two come last, and `info.data` holds every field validated before them.
@@ -144,14 +239,21 @@ class TaskTemplate(BaseModel):
     def template_id(self) -> str:
         return f"{self.name}@v{self.version}"
 
+    @property
+    def is_command(self) -> bool:
+        return self.command is not None
+
     def lineage_hash(self) -> str:
         """sha256 of what makes checkpoints interchangeable: the workload, the entrypoint and
-        the config without the `resume_compatible` keys. Two attempts with the same hash may
+        the config without the `resume_compatible` keys (and a command workload's argv). Two attempts with the same hash may
         resume from each other's checkpoints."""
         config = copy.deepcopy(self.config)
         for key in self.resume_compatible:
             _drop_path(config, key.split(".")[1:])
-        text = canonical_json({"workload": self.workload, "entrypoint": self.entrypoint, "config": config})
+        payload: dict[str, Any] = {"workload": self.workload, "entrypoint": self.entrypoint, "config": config}
+        if self.command is not None:  # only then: an SDK template's lineages stay what they were
+            payload["command"] = list(self.command)
+        text = canonical_json(payload)
         return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -185,13 +287,20 @@ def typed_template(raw: dict, *, context: str, error: type[OrbitError] = Templat
     _refuse_nul(raw, context=context, error=error)
     workload = raw.get("workload")
     if isinstance(workload, str) and 0 < len(workload) <= MAX_WORKLOAD_CHARS and "\0" not in workload:
-        schema = config_schema(workload)
         config = {} if raw.get("config") is None else raw.get("config")
-        raw = {**raw, "config": validate_config(schema, config, error=error, context=context, overrides=overrides)}
+        if raw.get("command") is not None and not has_config_schema(workload):
+            # A command workload may come without config.py: its values are then only data.
+            config = plain_config(config, error=error, context=context)
+        else:
+            schema = config_schema(workload)
+            config = validate_config(schema, config, error=error, context=context, overrides=overrides)
+        raw = {**raw, "config": config}
     try:
-        return TaskTemplate.model_validate(raw)
+        template = TaskTemplate.model_validate(raw)
     except ValidationError as exc:
         raise readable(exc, TaskTemplate, error=error, context=context, overrides=overrides) from None
+    check_placeholders(template, error=error, context=context)
+    return template
 
 
 def _refuse_nul(raw: Any, *, context: str, error: type[OrbitError]) -> None:

@@ -26,6 +26,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from ..settings.deployment import SOCKET_NAME, UNIX_PATH_MAX, CodeServerAddress, socket_path_ok
 
 __all__ = ["LOCATION", "SOCKET_NAME", "UNIX_PATH_MAX", "CodeServerAddress", "socket_path_ok", "server_argv", "answers",
@@ -45,9 +48,6 @@ def server_argv(address: CodeServerAddress) -> list[str]:
 
 def answers(address: CodeServerAddress, timeout_s: float = 5.0) -> bool:
     """True if the server at `address` answers a gRPC health check (it serves once its code is loaded)."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
     try:
         with grpc.insecure_channel(address.grpc_target) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="DagsterApi"),

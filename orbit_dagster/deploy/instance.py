@@ -6,20 +6,31 @@ setting. orbit writes a `dagster.yaml` only where there is none: after that it i
 operator's file, and orbit never overwrites it (`orbit profile` says when it differs from
 what the profile would write now). The processes that serve the instance (code server,
 daemon, webserver) are in `deploy/services.py` and `deploy/serve.py`; one daemon per home and the storage's
-first initialisation are guarded by `deploy/locks.py`.
+first initialisation are guarded by `deploy/locks.py`. `Daemon` and `Webserver` (the end of this
+file) start `orbit daemon` / `orbit ui --no-daemon` in the background for a caller (the demo, the
+tests): they live here, beside the home and the heartbeats they read, so that services.py does not
+import this module (it did, and this module imported it back).
 """
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from ..core.errors import OrbitError
+from ..ledger.postgres import ensure_database
+from ..providers.ssh.inventory import load_inventory
 from ..settings import Settings
 from ..settings import environment as process_environment
 from .locks import DaemonLock, foreign_heartbeats, storage_initialised
+from .logs import say as _say  # the classes' `say` parameter shadows the name
 from .profiles import DEFAULT_POOLS, Profile, render_dagster_yaml
+from .services import STOP_TIMEOUT_S
 
 if TYPE_CHECKING:
     from dagster import DagsterInstance
@@ -30,8 +41,6 @@ def _ssh_gpus(settings: Settings) -> int | None:
     if not settings.ssh_hosts.is_file():
         return None
     try:
-        from ..providers.ssh.inventory import load_inventory
-
         return sum(h.gpus.count for h in load_inventory(settings.ssh_hosts).hosts) or None
     except Exception:  # a broken inventory is reported where it is used, not here
         return None
@@ -59,8 +68,6 @@ def ensure_dagster_home(settings: Settings) -> Path:
     home = settings.home / prof.dagster_dir
     home.mkdir(parents=True, exist_ok=True)
     if prof.postgres is not None:
-        from ..ledger.postgres import ensure_database
-
         ensure_database(prof.postgres.url(prof.postgres.dagster_database), field="ORBIT_POSTGRES_URL")
         ensure_database(prof.postgres.ledger_url, field="ORBIT_POSTGRES_URL")
     cfg = home / "dagster.yaml"
@@ -104,6 +111,7 @@ def dagster_instance(settings: Settings) -> Iterator["DagsterInstance"]:
     """The persistent Dagster instance of the active profile. While its storage is new, the
     opening happens under the storage lock (deploy/locks.py): processes opening a new
     storage at the same moment would otherwise both stamp its schema and break it for good."""
+    # lazy: dagster costs 1.5 s or more; `orbit profile --config` imports this module and never opens the instance
     from dagster import DagsterInstance
 
     home = ensure_dagster_home(settings)
@@ -168,8 +176,6 @@ def wait_for_daemon(settings: Settings, *, timeout_s: float = 120.0, say: Callab
                     seen: Callable[[dict[str, tuple[float, str | None]]], None] | None = None) -> float:
     """Wait until the sensor and run-queue daemons heartbeat; say what is being waited for.
     `seen` gets every poll's heartbeats (age, daemon id) before they are judged."""
-    from ..core.errors import OrbitError
-
     say = say or (lambda _line: None)
     start = time.time()
     said = False
@@ -194,7 +200,7 @@ def wait_for_daemon(settings: Settings, *, timeout_s: float = 120.0, say: Callab
 
 
 def in_progress_runs(settings: Settings) -> int:
-    from dagster import DagsterRunStatus, RunsFilter
+    from dagster import DagsterRunStatus, RunsFilter  # lazy: 1.5 s or more (see dagster_instance)
 
     statuses = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
                 DagsterRunStatus.STARTED]
@@ -217,8 +223,90 @@ def wait_until_idle(settings: Settings, *, quiet_s: float = 12.0, timeout_s: flo
     return False
 
 
-# The processes live in deploy/services.py; imported last, for callers that take them from here.
-from .services import Daemon, Webserver  # noqa: E402
+def _default_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class _Background:
+    """An `orbit daemon` / `orbit ui` supervisor in the background, its output in a log file."""
+
+    log_name = ""
+
+    def __init__(self, settings: Settings, say: Callable[[str], None] | None = None):
+        self.settings = settings
+        self.say = say if say is not None else _say
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def log(self) -> Path:
+        return dagster_home(self.settings) / self.log_name
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self):
+        env = environment(self.settings)
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "orbit_dagster.cli", *self.argv()], env=env,
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, preexec_fn=_default_signals)
+        return self
+
+    def stop(self, timeout_s: float = 2 * STOP_TIMEOUT_S + 10) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class Daemon(_Background):
+    """`orbit daemon` in the background: sensors, run queue, monitoring, retries.
+
+    If a daemon already runs for the instance (this home's lock, or live heartbeats from
+    elsewhere), it is used: nothing is started (`started` False) and `stop()` leaves it."""
+
+    log_name = "daemon.log"
+    started = False
+
+    def argv(self) -> list[str]:
+        return ["daemon"]
+
+    def start(self) -> "Daemon":
+        running = running_daemon(self.settings)
+        if running is not None:
+            self.say(f"{running}: using it, not starting another")
+            return self
+        super().start()
+        self.started = True
+        self.say(f"starting the Dagster daemon (code server, sensors, run queue; log: {self.log})")
+        return self
+
+
+class Webserver(_Background):
+    """`orbit ui --no-daemon` in the background, on 127.0.0.1."""
+
+    log_name = "webserver.log"
+
+    def __init__(self, settings: Settings, port: int, say: Callable[[str], None] | None = None):
+        super().__init__(settings, say)
+        self.port = port
+
+    def argv(self) -> list[str]:
+        return ["ui", "--no-daemon", "--port", str(self.port)]
+
 
 __all__ = ["Daemon", "Webserver", "code_location_source", "dagster_home", "dagster_instance", "daemon_alive",
            "ensure_dagster_home", "environment", "prepare_instance", "profile", "running_daemon", "wait_for_daemon",

@@ -25,7 +25,7 @@ when it is absent.
 """
 from __future__ import annotations
 
-from ..control.capacity import POOL_TAG, TRAIN_POOL_TAG  # the tags the limits rendered here count
+from ..control.capacity import POOL_TAG, PRIORITY_TAG, TRAIN_POOL_TAG, run_priority  # the tags the limits count
 from ..settings.deployment import (
     CONTROL_SLOTS,
     DEFAULT_POOLS,
@@ -47,8 +47,8 @@ def pool_tags(placement: str | None, kind: str) -> dict[str, str]:
     if not placement:
         return {}
     tags = {POOL_TAG: placement}
-    if kind == "train":
-        tags[TRAIN_POOL_TAG] = placement
+    if kind == "train":  # and ahead of evaluations in Dagster's queue (a resumed attempt: the queue sensor's)
+        tags.update({TRAIN_POOL_TAG: placement, PRIORITY_TAG: str(run_priority("train"))})
     return tags
 
 
@@ -127,10 +127,11 @@ def render_dagster_yaml(profile: Profile) -> str:
         "  class: OrbitRunLauncher",
         "# A run stuck starting is failed, and so is one whose worker is gone: within seconds on",
         "# this machine, within ORBIT_WORKER_TIMEOUT_S (no heartbeat) for a worker elsewhere.",
+        "# Several run workers starting at once on a loaded 2-core machine took over 120 s.",
         "run_monitoring:",
         "  enabled: true",
         "  poll_interval_seconds: 5",
-        "  start_timeout_seconds: 120",
+        "  start_timeout_seconds: 300",
         "  cancel_timeout_seconds: 120",
         "  max_resume_run_attempts: 0",
     ]

@@ -8,6 +8,8 @@ import yaml
 
 from ..control.capacity import limits_from_tags
 from ..settings import Settings
+from .instance import code_location_source, daemon_heartbeats, ensure_dagster_home, profile
+from .profiles import render_dagster_yaml
 
 
 def _storage(cfg: dict) -> str:
@@ -35,8 +37,6 @@ def _pools(cfg: dict) -> dict[str, dict[str, int]]:
 
 def headline(settings: Settings) -> str:
     """One line: the profile, its Dagster home and where the state lives."""
-    from .instance import ensure_dagster_home, profile
-
     prof = profile(settings)
     home = ensure_dagster_home(settings)
     cfg = yaml.safe_load((home / "dagster.yaml").read_text()) or {}
@@ -45,9 +45,6 @@ def headline(settings: Settings) -> str:
 
 
 def describe(settings: Settings) -> dict[str, Any]:
-    from .instance import code_location_source, daemon_heartbeats, ensure_dagster_home, profile
-    from .profiles import render_dagster_yaml
-
     prof = profile(settings)
     cfg_path = settings.home / prof.dagster_dir / "dagster.yaml"
     existed = cfg_path.exists()

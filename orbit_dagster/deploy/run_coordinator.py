@@ -13,6 +13,8 @@ from dagster._core.run_coordinator.base import SubmitRunContext
 from dagster._core.run_coordinator.queued_run_coordinator import QueuedRunCoordinator
 from dagster._core.storage.dagster_run import DagsterRun
 
+from ..assets.partitions import checkpoint_key_of
+from ..settings import Settings
 from .profiles import POOL_TAG, job_pools, pool_tags
 
 # The assets that rent a GPU, and the kind of run each makes (which pool tags it gets).
@@ -44,9 +46,6 @@ class OrbitRunCoordinator(QueuedRunCoordinator):
         if kind is None:
             return {}
         # Imported on use: every Dagster process (run workers too) loads this class with its instance.
-        from ..assets.partitions import checkpoint_key_of
-        from ..settings import Settings
-
         partition = run.tags[PARTITION_TAG]
         # A training partition is its job; an evaluation's is a checkpoint, `<job>/a<attempt>/<step>`.
         job_id = partition if kind == "train" else checkpoint_key_of(partition).split("/", 1)[0]

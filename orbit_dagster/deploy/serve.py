@@ -23,6 +23,7 @@ from ..settings import Settings
 from .code_server import CodeServerAddress, PrivateDir, answers, default_socket, server_argv
 from .instance import dagster_home, environment, foreign_daemon, prepare_instance, profile, running_daemon, wait_for_daemon
 from .locks import DaemonLock, foreign_daemon_refusal
+from .report import headline
 from .services import Child, ServiceFailed, Supervisor, daemon_argv, say, wait_for_http, webserver_argv
 
 # Loading orbit's definitions takes ~5 s on an idle 2-core machine, minutes on a saturated one.
@@ -118,8 +119,6 @@ def _with_daemon_lock(settings: Settings, what: str, body: Callable[[DaemonLock]
 
 def run_daemon(settings: Settings) -> int:
     """`orbit daemon`, in the foreground."""
-    from .report import headline
-
     def body(lock: DaemonLock) -> int:
         say(headline(settings))
         with Supervisor(environment(settings), say, where=str(settings.home)) as sup:
@@ -138,8 +137,6 @@ def run_daemon(settings: Settings) -> int:
 
 def run_ui(settings: Settings, port: int, no_daemon: bool) -> int:
     """`orbit ui`: the webserver on 127.0.0.1, with a daemon unless one runs (or `no_daemon`)."""
-    from .report import headline
-
     lock = None
     if not no_daemon:
         running = running_daemon(settings)

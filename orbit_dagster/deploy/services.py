@@ -16,13 +16,14 @@ supervisor (`Supervisor`) that
   outlives the control plane by design;
 - writes their output through deploy/logs.py: no colour codes, no per-tick lines, disk
   errors collapsed to one line a minute.
-`Daemon` and `Webserver` start `orbit daemon` / `orbit ui --no-daemon` in the background,
-logging to a file. We run the webserver and the daemon rather than `dagster dev`: they are
+(`Daemon` and `Webserver`, in deploy/instance.py, start `orbit daemon` / `orbit ui --no-daemon`
+in the background, logging to a file.) We run the webserver and the daemon rather than `dagster dev`: they are
 what a server runs (docs/deploy.md), and `dagster dev` is a development command that now
 points to `dg dev`, a separate package orbit does not need.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import signal
@@ -30,20 +31,16 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable
 
-from ..settings import Settings
-from .logs import (  # noqa: F401 - re-exported: the tests and older callers take them from here
-    ANSI,
-    TICK_NOISE,
-    DiskNotices,
-    LogPump,
-    SafeWriter,
-    clean_line,
-    say,
-)
+from .logs import ANSI, TICK_NOISE, DiskNotices, LogPump, SafeWriter, clean_line, say
+
+# The log helpers are re-exported: the tests and older callers take them from here.
+__all__ = ["ANSI", "TICK_NOISE", "Child", "DiskNotices", "LogPump", "SafeWriter", "STOP_TIMEOUT_S", "ServiceFailed",
+           "Supervisor", "clean_line", "daemon_argv", "processes", "say", "wait_for_http", "webserver_argv"]
 
 STOP_TIMEOUT_S = 20.0
 SWEEP_GRACE_S = 5.0
@@ -52,16 +49,11 @@ RUN_WORKER = re.compile(r"\bapi (?:execute_run|resume_run)\b")
 # A code server that keeps dying is not restarted for ever: the supervisor then stops.
 RESTARTS_ALLOWED, RESTART_WINDOW_S = 5, 600.0
 
-_say = say  # for the classes below, whose `say` parameter shadows it
-
-
 def _in_own_session() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.setsid()
     try:  # Linux: end with the supervisor's thread that started it, even if it is killed outright
-        import ctypes
-
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
@@ -283,101 +275,8 @@ class Supervisor:
         _signal(self.leftovers(), signal.SIGKILL)
 
 
-class _Background:
-    """An `orbit daemon` / `orbit ui` supervisor in the background, its output in a log file."""
-
-    log_name = ""
-
-    def __init__(self, settings: Settings, say: Callable[[str], None] | None = None):
-        self.settings = settings
-        self.say = say if say is not None else _say
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def log(self) -> Path:
-        from .instance import dagster_home
-
-        return dagster_home(self.settings) / self.log_name
-
-    def argv(self) -> list[str]:
-        raise NotImplementedError
-
-    def start(self):
-        from .instance import environment
-
-        env = environment(self.settings)
-        with open(self.log, "a") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "orbit_dagster.cli", *self.argv()], env=env,
-                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=_default_signals)
-        return self
-
-    def stop(self, timeout_s: float = 2 * STOP_TIMEOUT_S + 10) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-class Daemon(_Background):
-    """`orbit daemon` in the background: sensors, run queue, monitoring, retries.
-
-    If a daemon already runs for the instance (this home's lock, or live heartbeats from
-    elsewhere), it is used: nothing is started (`started` False) and `stop()` leaves it."""
-
-    log_name = "daemon.log"
-    started = False
-
-    def argv(self) -> list[str]:
-        return ["daemon"]
-
-    def start(self) -> "Daemon":
-        from .instance import running_daemon
-
-        running = running_daemon(self.settings)
-        if running is not None:
-            self.say(f"{running}: using it, not starting another")
-            return self
-        super().start()
-        self.started = True
-        self.say(f"starting the Dagster daemon (code server, sensors, run queue; log: {self.log})")
-        return self
-
-
-class Webserver(_Background):
-    """`orbit ui --no-daemon` in the background, on 127.0.0.1."""
-
-    log_name = "webserver.log"
-
-    def __init__(self, settings: Settings, port: int, say: Callable[[str], None] | None = None):
-        super().__init__(settings, say)
-        self.port = port
-
-    def argv(self) -> list[str]:
-        return ["ui", "--no-daemon", "--port", str(self.port)]
-
-
-def _default_signals() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 def wait_for_http(url: str, timeout_s: float) -> float | None:
     """Seconds until `url` answers, or None after `timeout_s`."""
-    import urllib.request
-
     start = time.time()
     while time.time() - start < timeout_s:
         try:

@@ -29,15 +29,21 @@ and a file), after which another process may rebuild the WAL index under them.
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
+import signal
 import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import duckdb
+import pandas as pd
+import sqlalchemy as sa
+from duckdb_extensions import import_extension
 
 from ..core.errors import OrbitError
+from .database import Database
 from .limits import KILL_GRACE_S, SqlLimitExceeded, SqlLimits
 from .schema import TABLES, VIEWS, view_sql
 
@@ -64,8 +70,6 @@ def _load(con: duckdb.DuckDBPyConnection, dialect: str, fallback_dir: Path | Non
     """Install (once per process) and load the extension that reads the store. It comes from
     the PyPI wheel (duckdb-extension-*), into DuckDB's own extension directory where a
     person's `duckdb` finds it too; with no usable home directory, into `fallback_dir`."""
-    from duckdb_extensions import import_extension
-
     name = EXTENSIONS[dialect]
     with _install_lock:
         try:
@@ -87,8 +91,6 @@ def _load(con: duckdb.DuckDBPyConnection, dialect: str, fallback_dir: Path | Non
 def _libpq_dsn(url: str) -> str:
     """A libpq connection string for DuckDB's postgres extension; the password is never put in
     it (libpq reads PGPASSWORD or ~/.pgpass itself)."""
-    import sqlalchemy as sa
-
     u = sa.engine.make_url(url)
     parts = {"host": u.host, "port": u.port, "dbname": u.database, "user": u.username}
     return " ".join(f"{k}={v}" for k, v in parts.items() if v is not None)
@@ -207,8 +209,6 @@ def _run(con: duckdb.DuckDBPyConnection, sql: str, limits: SqlLimits, spill: Pat
     """Check and run one query within the limits; a DataFrame, or the OrbitError naming why not."""
     if isinstance(sql, str) and len(sql) > limits.max_query_chars:
         raise limits.query_too_long(len(sql))
-    import pandas  # noqa: F401 - imported before the clock starts: a slow first import is not the query's time
-
     done = threading.Event()
     watchdog = threading.Thread(target=_interrupt_after, args=(con, limits.timeout_s, done), daemon=True,
                                 name="orbit-sql-timeout")
@@ -243,8 +243,6 @@ def _interrupt_after(con: duckdb.DuckDBPyConnection, seconds: float, done: threa
 def _fetch(con: duckdb.DuckDBPyConnection, sql: str, limits: SqlLimits):
     """The result in chunks, each counted: a result larger than the memory limit is refused
     before it is all fetched (`.df()` would build it whole, outside DuckDB's memory limit)."""
-    import pandas as pd
-
     con.execute(sql)
     frames, size = [], 0
     while True:
@@ -262,15 +260,11 @@ def _fetch(con: duckdb.DuckDBPyConnection, sql: str, limits: SqlLimits):
 
 def _serve(url: str, home: str | None, limits: SqlLimits, pipe) -> None:
     """The worker process: one locked DuckDB connection, one query at a time from the pipe."""
-    import signal
-
-    from .store import Ledger
-
     # A parent started with SIGTERM ignored (a background job, a supervisor) passes that on;
     # its exit then terminates this daemonic child with SIGTERM and waits for it: it must die.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
-    ledger = Ledger(url, home=Path(home) if home else None)
+    ledger = Database(url, home=Path(home) if home else None)
     write_people_catalog(ledger)
     con = locked_connection(ledger, limits)
     spill = temp_dir(ledger)
@@ -302,8 +296,6 @@ class _Worker:
     _lock = threading.Lock()
 
     def __init__(self, ledger: "Ledger", limits: SqlLimits):
-        import multiprocessing as mp
-
         ctx = mp.get_context("spawn")  # a fresh interpreter: nothing of this process's SQLite in it
         self.pipe, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, args=(ledger.url, str(ledger.home) if ledger.home else None, limits,

@@ -35,6 +35,8 @@ import sqlalchemy as sa
 
 from .errors import RECOVERY_DOC, LedgerDamaged, LedgerError, LedgerIdentityError, damaged
 from .health import fsync_dir, probe
+from .migrations import LATEST, refuse_legacy_home, upgrade_schema
+from .postgres import ensure_database, unreachable
 
 RECORD = "ledger-identity.json"
 # What in a home only a ledger's jobs put there (the settings, orbit_dagster/settings/, name the layout).
@@ -187,8 +189,6 @@ def inspect(ledger, *, home: Path | None = None, deep: bool = False) -> Verdict:
             if ledger.path is not None:
                 raise
             if not _no_database(ledger, exc):
-                from .postgres import unreachable
-
                 raise unreachable(ledger.url, exc) from None
             exists = False  # a PostgreSQL database that does not exist (yet)
         else:
@@ -251,16 +251,12 @@ def admit(ledger, *, home: Path | None = None, accept: bool = False, note: str |
     `accept` (`orbit ledger repair`): a missing, unclaimed or (PostgreSQL) other ledger is
     taken as the home's from now on; a damaged file is still refused (repair moves it aside).
     `note` goes into the record beside the id an entry named before."""
-    from .migrations import LATEST, refuse_legacy_home, upgrade_schema
-
     refuse_legacy_home(ledger)
     home = Path(home) if home is not None else ledger.home
     verdict = inspect(ledger, home=home)
     if verdict.error is not None and not (accept and verdict.state != "damaged"):
         raise verdict.error
     if ledger.path is None and not verdict.ledger_id:
-        from .postgres import ensure_database
-
         ensure_database(ledger.url)  # a team's first use makes the database
     if verdict.version != LATEST or not verdict.ledger_id:
         upgrade_schema(ledger)  # (a ledger at LATEST may still lack a version written in between: upgrade_schema applies it)

@@ -14,6 +14,7 @@ from pathlib import Path
 import duckdb
 
 from ..core.errors import OrbitError
+from .migrations import upgrade_schema
 from .store import Ledger
 
 # Old table -> (key columns, which row of a key wins).
@@ -129,8 +130,6 @@ def upgrade(ledger_dir: Path, url: str) -> dict[str, int]:
     target = segments.with_name("segments.bak")
     segments.rename(target)  # the new ledger may now open; the old one is kept, untouched
     try:
-        from .migrations import upgrade_schema
-
         ledger = Ledger(url)
         upgrade_schema(ledger)
         if ledger.scalar("SELECT count(*) FROM jobs"):

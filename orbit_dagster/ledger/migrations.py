@@ -21,10 +21,10 @@ from typing import Callable
 import sqlalchemy as sa
 
 from . import rollups
-from .errors import damaged
+from .database import Database, Tx
+from .errors import LedgerError, damaged
 from .health import fsync_dir, probe
 from .schema import TABLES, VIEWS, metadata, view_sql
-from .store import Ledger, LedgerError, Tx
 
 ADVISORY_LOCK_ID = 720_177_001  # any constant: one migration at a time per PostgreSQL database
 
@@ -93,6 +93,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Tx], None]]] = [
     (4, "where a handed-off attempt's following resumes", _v4_handoff),
     (5, "the ledger's identity", _v5_identity),
     (6, "each run worker's liveness record", _v6_run_workers),
+    (7, "cost by job: evaluation dollars per training dollar", _create_views),
 ]
 LATEST = MIGRATIONS[-1][0]
 
@@ -102,14 +103,14 @@ def _lock(tx: Tx) -> None:
         tx.conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_ID})")
 
 
-def current_version(ledger: Ledger) -> int:
+def current_version(ledger: Database) -> int:
     with ledger.read() as tx:
         if not sa.inspect(tx.conn).has_table("schema_migrations"):
             return 0
         return int(tx.scalar("SELECT coalesce(max(version), 0) FROM schema_migrations") or 0)
 
 
-def refuse_legacy_home(ledger: Ledger) -> None:
+def refuse_legacy_home(ledger: Database) -> None:
     """A home written by the Parquet-commit ledger holds `segments/` beside the database."""
     if ledger.path is None:
         return
@@ -136,7 +137,7 @@ def _create_sqlite(path: Path) -> None:
         except FileNotFoundError:
             continue
     tmp = path.with_name(f".{path.name}.new-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    fresh = Ledger(f"sqlite:///{tmp}")
+    fresh = Database(f"sqlite:///{tmp}")
     try:
         _apply(fresh)
         fresh.dispose()  # the last connection closes: its write-ahead log is folded in and removed
@@ -159,7 +160,7 @@ def _create_sqlite(path: Path) -> None:
             Path(f"{tmp}{suffix}").unlink(missing_ok=True)
 
 
-def upgrade_schema(ledger: Ledger) -> int:
+def upgrade_schema(ledger: Database) -> int:
     """Bring the ledger to LATEST; returns the version it was at (0: made now)."""
     refuse_legacy_home(ledger)
     if ledger.path is not None:
@@ -174,12 +175,12 @@ def upgrade_schema(ledger: Ledger) -> int:
     return _apply(ledger)
 
 
-def _has_schema(ledger: Ledger) -> bool:
+def _has_schema(ledger: Database) -> bool:
     with ledger.read() as tx:
         return sa.inspect(tx.conn).has_table("schema_migrations")
 
 
-def _apply(ledger: Ledger) -> int:
+def _apply(ledger: Database) -> int:
     before = current_version(ledger)
     if before > LATEST:
         raise LedgerError(f"the ledger at {ledger.display} has schema version {before}, newer than this "
@@ -203,7 +204,7 @@ def _apply(ledger: Ledger) -> int:
     return before
 
 
-def _applied(ledger: Ledger) -> int:
+def _applied(ledger: Database) -> int:
     """How many of this code's versions the ledger has: a version between two applied ones
     (written later, e.g. on another branch of development) is applied too, not skipped."""
     versions = [v for v, _, _ in MIGRATIONS]

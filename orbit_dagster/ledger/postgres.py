@@ -6,7 +6,7 @@ import threading
 
 import sqlalchemy as sa
 
-from .store import LedgerError
+from .errors import LedgerError
 
 # SQLSTATEs: invalid_catalog_name (no such database), insufficient_privilege, duplicate_database.
 NO_DATABASE, NO_PRIVILEGE, DUPLICATE_DATABASE = "3D000", "42501", "42P04"
@@ -23,7 +23,7 @@ def _shown(url: sa.URL) -> str:
 
 
 def _connect(url: sa.URL):
-    import psycopg
+    import psycopg  # lazy: 0.1-0.4 s; every CLI call imports this module (store.py), SQLite ledgers too
 
     return psycopg.connect(host=url.host, port=url.port or 5432, user=url.username, password=url.password,
                            dbname=url.database, autocommit=True, connect_timeout=10)
@@ -35,7 +35,7 @@ def ensure_database(url: str | sa.URL, *, field: str = "ORBIT_LEDGER_URL") -> bo
     True if it was made now. The role needs CREATEDB for that; without it the error says
     which statement to ask a database administrator for.
     """
-    import psycopg
+    import psycopg  # lazy: see _connect
 
     u = sa.engine.make_url(url) if isinstance(url, str) else url
     key = _shown(u)

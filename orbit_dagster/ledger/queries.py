@@ -30,6 +30,8 @@ COST_ORDER = {"job": "usd DESC, job_id", "experiment": "usd DESC, experiment", "
 def sql(ledger: Ledger, query: str, *, limits: "SqlLimits | None" = None) -> pd.DataFrame:
     """One read-only SELECT through the DuckDB face within `limits` (`Settings.sql_limits(...)`;
     default the ledger's own). A query past a limit is an OrbitError naming it."""
+    # lazy: face.py brings duckdb and pandas (1 s or more); `orbit status` and `orbit cost` import this module
+    # and run no SQL query
     from .face import face_query
 
     return face_query(ledger, query, limits)

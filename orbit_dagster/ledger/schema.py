@@ -198,9 +198,12 @@ VIEWS: dict[str, str] = {
         FROM instances i""",
     # The cost views read the totals `rollups.py` keeps per job and per line (same sums as
     # grouping `costs`, without reading every cost line on each call).
+    # `eval_per_train`: what evaluating a job cost per dollar of its training (NULL for a job
+    # with no training bill, an imported run): above 1, its evaluations cost more than it.
     "cost_by_job": """
-        SELECT job_id, experiment, project, usd, train_usd, eval_usd, wasted_usd, overhead_usd,
-               instance_seconds, wasted_gpu_seconds, attempts
+        SELECT job_id, experiment, project, usd, train_usd, eval_usd,
+               CASE WHEN train_usd > 0 THEN eval_usd / train_usd END AS eval_per_train,
+               wasted_usd, overhead_usd, instance_seconds, wasted_gpu_seconds, attempts
         FROM cost_jobs""",
     "cost_by_experiment": """
         SELECT experiment, project, sum(usd) AS usd, sum(train_usd) AS train_usd, sum(eval_usd) AS eval_usd,

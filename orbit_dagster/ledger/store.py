@@ -1,257 +1,41 @@
-"""The ledger on a transactional store: SQLite (WAL, durable commits) or PostgreSQL.
+"""The ledger: its database (database.py) opened through the checks, and read through the SQL face.
 
-Every process (the daemon's sensors, each Dagster run, the CLI) opens the same database;
-the database, not this code, makes concurrent writes safe. A write is one transaction:
-`commit()` inserts a batch of rows for several tables atomically, and `write()` gives a
-transaction in which a process can read, check and then write (on SQLite it takes the
-write lock up front, `BEGIN IMMEDIATE`; on PostgreSQL rows read `FOR UPDATE` are locked).
-
-SQL is written once, with `?` placeholders, in the subset SQLite, PostgreSQL and DuckDB
-share (see `schema.py` for the conventions). The DuckDB SQL face for people is `face.py`.
+`Ledger.open` admits a database only once identity.py has found it undamaged and the home's
+own, and migrations.py has brought its schema to this code's; `Ledger.query` reads it through
+DuckDB (face.py), read-only. The engine, the transactions and the SQL dialect are
+`database.Database`'s, re-exported here for the callers that take them from this module.
 """
 from __future__ import annotations
 
 import os
-import re
-import sqlite3
 import threading
-from contextlib import contextmanager
-from datetime import datetime, timezone
-from decimal import Decimal
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
 
 import sqlalchemy as sa
 
 from ..core.errors import OrbitError
-from . import rollups
+from .database import SQLITE_BUSY_TIMEOUT_S, Database, Tx, as_datetime, epoch, utcnow
 from .errors import LedgerDamaged, LedgerError, damaged
 from .health import is_corruption
+from .identity import admit
+from .postgres import unreachable
 from .schema import TABLES
 
-SQLITE_BUSY_TIMEOUT_S = 30.0
+__all__ = ["SQLITE_BUSY_TIMEOUT_S", "Database", "Ledger", "LedgerError", "Tx", "as_datetime", "epoch", "utcnow"]
 
 
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def epoch(value: Any) -> Any:
-    """A datetime as seconds since the epoch (what the ledger stores); anything else unchanged."""
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        return value.timestamp()
-    return value
-
-
-def as_datetime(value: float | datetime | None) -> datetime | None:
-    """A ledger time (seconds since the epoch) as an aware UTC datetime."""
-    if value is None or isinstance(value, datetime):
-        return value
-    return datetime.fromtimestamp(float(value), timezone.utc)
-
-
-_PLACEHOLDER = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"])*\"|\?")
-
-
-@lru_cache(maxsize=2048)
-def _named(sql: str) -> tuple[str, int]:
-    """`?` placeholders (outside quotes) -> `:p0, :p1, ...` for SQLAlchemy; and their count."""
-    count = 0
-
-    def repl(m: re.Match) -> str:
-        nonlocal count
-        if m.group(0) != "?":
-            return m.group(0)
-        count += 1
-        return f":p{count - 1}"
-
-    return _PLACEHOLDER.sub(repl, sql), count
-
-
-def _params(sql: str, params: list | tuple | dict | None) -> tuple[sa.TextClause, dict]:
-    if isinstance(params, dict):
-        return sa.text(sql), {k: epoch(v) for k, v in params.items()}
-    named, count = _named(sql)
-    values = list(params or [])
-    if len(values) != count:
-        raise LedgerError(f"query has {count} placeholders but {len(values)} values", field="params")
-    return sa.text(named), {f"p{i}": epoch(v) for i, v in enumerate(values)}
-
-
-def _bind_row(spec, row: dict) -> dict:
-    known = spec.columns
-    extra = set(row) - set(known)
-    if extra:
-        raise LedgerError(f"table {spec.name}: unknown column(s) {sorted(extra)}", field=spec.name,
-                          value=sorted(extra), fix=f"columns are: {', '.join(known)}")
-    out = {}
-    for c in known:
-        if c not in row:
-            continue
-        v = row[c]
-        out[c] = int(v) if isinstance(v, bool) else float(v) if isinstance(v, Decimal) else epoch(v)
-    return out
-
-
-class Tx:
-    """One transaction: read, check, write; committed on leaving the `with`, rolled back on error."""
-
-    def __init__(self, conn: sa.Connection, dialect: str):
-        self.conn, self.dialect = conn, dialect
-
-    @property
-    def for_update(self) -> str:
-        """Appended to a SELECT whose rows this transaction goes on to change."""
-        return " FOR UPDATE" if self.dialect == "postgresql" else ""
-
-    def execute(self, sql: str, params: list | tuple | dict | None = None) -> int:
-        text, values = _params(sql, params)
-        return self.conn.execute(text, values).rowcount
-
-    def rows(self, sql: str, params: list | tuple | dict | None = None) -> list[dict[str, Any]]:
-        text, values = _params(sql, params)
-        return [dict(r) for r in self.conn.execute(text, values).mappings()]
-
-    def one(self, sql: str, params: list | tuple | dict | None = None) -> dict[str, Any] | None:
-        rows = self.rows(sql, params)
-        return rows[0] if rows else None
-
-    def scalar(self, sql: str, params: list | tuple | dict | None = None) -> Any:
-        text, values = _params(sql, params)
-        return self.conn.execute(text, values).scalar()
-
-    def insert(self, table: str, rows: list[dict[str, Any]]) -> int:
-        """Insert rows; a repeated key is ignored or updates the row, as the table says.
-        Returns how many rows were new (or updated)."""
-        if not rows:
-            return 0
-        if table not in TABLES:
-            raise LedgerError(f"unknown ledger table {table!r}", field="table", value=table,
-                              fix=f"use one of {sorted(TABLES)}")
-        spec = TABLES[table]
-        bound = [_bind_row(spec, r) for r in rows]
-        written = 0
-        # Rows with the same columns go in one statement (executemany).
-        groups: dict[tuple[str, ...], list[dict]] = {}
-        for r in bound:
-            groups.setdefault(tuple(r), []).append(r)
-        for cols, batch in groups.items():
-            sql = _insert_sql(spec.name, cols, spec.key, spec.on_conflict)
-            result = self.conn.execute(sa.text(sql), batch)
-            written += max(result.rowcount, 0)
-        rollups.after_insert(self, table, bound)
-        return written
-
-
-@lru_cache(maxsize=512)
-def _insert_sql(table: str, cols: tuple[str, ...], key: tuple[str, ...], on_conflict: str) -> str:
-    names = ", ".join(cols)
-    values = ", ".join(f":{c}" for c in cols)
-    sql = f"INSERT INTO {table} ({names}) VALUES ({values})"
-    if on_conflict == "append":
-        return sql
-    target = ", ".join(key)
-    updates = [c for c in cols if c not in key]
-    if on_conflict == "update" and updates:
-        return sql + f" ON CONFLICT ({target}) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in updates)
-    return sql + f" ON CONFLICT ({target}) DO NOTHING"
-
-
-def _sqlite_engine(path: Path) -> sa.Engine:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S,
-                                                                 "check_same_thread": False})
-
-    @sa.event.listens_for(engine, "connect")
-    def _connect(dbapi_con, _record) -> None:
-        # Transactions are ours (BEGIN below), not the driver's implicit ones.
-        dbapi_con.isolation_level = None
-        cur = dbapi_con.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")  # readers never block the writer, nor it them
-        cur.execute("PRAGMA synchronous=FULL")  # a commit survives a power cut
-        cur.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
-        # Reads through a memory map and a larger page cache: every CLI call opens a new
-        # connection, whose first query otherwise reads each page with a system call (the
-        # count behind `orbit best` on 25,000 checkpoints: 190 ms cold, 50 ms mapped).
-        # Writes still go through the WAL; the map is address space, not memory.
-        cur.execute("PRAGMA mmap_size=1073741824")
-        cur.execute("PRAGMA cache_size=-32768")
-        cur.close()
-
-    @sa.event.listens_for(engine, "handle_error")
-    def _damaged(ctx) -> BaseException | None:
-        # SQLite's words for pages that are not a database, wherever they surface (a query, a
-        # commit, a connection's first pragma): the file and the fix instead of a traceback.
-        exc = ctx.original_exception
-        if isinstance(exc, sqlite3.DatabaseError) and is_corruption(str(exc)):
-            return damaged(str(path), f"damaged: SQLite says \"{' '.join(str(exc).split())[:200]}\"")
-        if isinstance(exc, sqlite3.OperationalError) and "unable to open database file" in str(exc):
-            return _cannot_open(path)
-        return None
-
-    @sa.event.listens_for(engine, "begin")
-    def _begin(conn) -> None:
-        # A write takes the lock first: two writers that each read-then-write never
-        # deadlock on a lock upgrade, they queue.
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("orbit_write") else "BEGIN")
-
-    return engine
-
-
-def _cannot_open(path: Path) -> OSError | None:
-    """Why SQLite could not open the ledger, as the OSError it stands for (the CLI names the
-    fix for those): a read-only file system, or a directory this user may not write (SQLite
-    must create the `-wal` and `-shm` files beside a ledger it opens)."""
-    import errno
-
-    where = path.parent if path.parent.exists() else path
-    try:
-        if os.statvfs(where).f_flag & os.ST_RDONLY:
-            return OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
-    except OSError:
-        return None
-    if not os.access(where, os.W_OK):
-        return PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path.parent))
-    return None
-
-
-def _postgres_engine(url: str) -> sa.Engine:
-    import psycopg
-
-    # Client-side binding (psycopg's ClientCursor, as psycopg2 and SQLite do it): the shared
-    # SQL passes parameters whose type only the value tells, e.g. `? IS NULL OR col = ?`;
-    # with server-side binding PostgreSQL refuses those ("could not determine data type of
-    # parameter"). Values are still escaped by the driver, never pasted in by us.
-    return sa.create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=8,
-                            connect_args={"cursor_factory": psycopg.ClientCursor})
-
-
-class Ledger:
+class Ledger(Database):
     """The ledger: one database, reached by URL (`sqlite:///...` or `postgresql+psycopg://...`)."""
 
     _open: dict[tuple[int, str], "Ledger"] = {}
     _open_lock = threading.Lock()
 
     def __init__(self, url: str, *, home: Path | None = None):
-        self.url = url
-        self.home = Path(home) if home else None
+        super().__init__(url, home=home)
         # The SQL face's limits for `query()` (the settings' ORBIT_SQL_*, set by
         # `Settings.ledger()`); None: limits.py's defaults.
         self.sql_limits = None
         self._face_checked = False
-        self.dialect = sa.engine.make_url(url).get_backend_name()
-        if self.dialect == "sqlite":
-            self.path: Path | None = Path(sa.engine.make_url(url).database or "").resolve()
-            self.engine = _sqlite_engine(self.path)
-        elif self.dialect == "postgresql":
-            self.path = None
-            self.engine = _postgres_engine(url)
-        else:
-            raise LedgerError(f"unsupported ledger database {self.dialect!r}", field="ORBIT_LEDGER_URL", value=url,
-                              fix="use sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB")
 
     _admitted: set[tuple[int, str, str]] = set()
 
@@ -275,16 +59,12 @@ class Ledger:
 
     @staticmethod
     def _admit(ledger: "Ledger", home: Path | None, *, accept: bool = False, note: str | None = None):
-        from .identity import admit
-
         try:
             # ledger.duckdb (the views for people) is written by the SQL face's process.
             return admit(ledger, home=home, accept=accept, note=note)
         except sa.exc.OperationalError as exc:
             if ledger.dialect != "postgresql":
                 raise
-            from .postgres import unreachable
-
             raise unreachable(ledger.url, exc) from None
 
     @classmethod
@@ -302,67 +82,10 @@ class Ledger:
             cls._open[(os.getpid(), url)] = ledger
             return ledger
 
-    @property
-    def display(self) -> str:
-        """Where the ledger is, without any password."""
-        return str(self.path) if self.path else sa.engine.make_url(self.url).render_as_string(hide_password=True)
-
-    # ---- transactions -------------------------------------------------------------
-    @contextmanager
-    def write(self) -> Iterator[Tx]:
-        """A write transaction (the database's write lock on SQLite, row locks on PostgreSQL)."""
-        with self.engine.connect().execution_options(orbit_write=True) as conn:
-            with conn.begin():
-                yield Tx(conn, self.dialect)
-
-    @contextmanager
-    def read(self) -> Iterator[Tx]:
-        """A read transaction: every query in it sees the same snapshot."""
-        with self.engine.connect() as conn:
-            with conn.begin():
-                yield Tx(conn, self.dialect)
-
-    def commit(self, rows: dict[str, list[dict[str, Any]]]) -> int:
-        """Insert rows for one or more tables in one transaction; returns rows written."""
-        batches = {t: b for t, b in rows.items() if b}
-        if not batches:
-            return 0
-        with self.write() as tx:
-            return sum(tx.insert(t, b) for t, b in batches.items())
-
-    def append(self, table: str, *rows: dict[str, Any]) -> int:
-        return self.commit({table: list(rows)})
-
-    # ---- reads (each its own snapshot) --------------------------------------------
-    def rows(self, sql: str, params: list | tuple | dict | None = None) -> list[dict[str, Any]]:
-        with self.read() as tx:
-            return tx.rows(sql, params)
-
-    def one(self, sql: str, params: list | tuple | dict | None = None) -> dict[str, Any] | None:
-        with self.read() as tx:
-            return tx.one(sql, params)
-
-    def scalar(self, sql: str, params: list | tuple | dict | None = None) -> Any:
-        with self.read() as tx:
-            return tx.scalar(sql, params)
-
-    def frame(self, sql: str, params: list | tuple | dict | None = None):
-        """A query's rows as a pandas DataFrame (columns in the query's order)."""
-        import pandas as pd
-
-        with self.read() as tx:
-            text, values = _params(sql, params)
-            result = tx.conn.execute(text, values)
-            columns = list(result.keys())
-            # The driver's tuples straight into pandas: SQLAlchemy's Row objects doubled the
-            # time of a large table (100,000 cost lines: 0.44 s -> 0.22 s).
-            rows = result.cursor.fetchall() if result.cursor is not None else []
-            result.close()
-            return pd.DataFrame.from_records(rows, columns=columns)
-
     # ---- the DuckDB face ----------------------------------------------------------
     def query(self, sql: str):
         """A read-only query through the DuckDB SQL face (what people and notebooks use)."""
+        # lazy: face.py brings duckdb and pandas (1 s or more), which most users of the ledger never need
         from .face import face_query
 
         if self.path is not None and not self._face_checked:
@@ -383,6 +106,3 @@ class Ledger:
             if self.path is not None and not isinstance(exc, LedgerDamaged) and is_corruption(str(exc)):
                 raise damaged(str(self.path), "damaged: DuckDB could not read it") from None
             raise
-
-    def dispose(self) -> None:
-        self.engine.dispose()

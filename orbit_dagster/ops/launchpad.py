@@ -19,6 +19,7 @@ from ..core.submission import parse_set_args
 from ..core.templates import list_templates
 from ..resources import OrbitResource
 from ..settings import Settings
+from .runs import terminate_runs_of
 
 # The launchpad's choice of templates, read when the code location loads: the shipped ones and
 # the settings' template directories (ORBIT_TEMPLATES, else $ORBIT_HOME/templates).
@@ -83,8 +84,6 @@ def retry_op(context: dg.OpExecutionContext, config: RetryConfig, orbit: OrbitRe
 
 @dg.op(description="Cancel a job: its workload stopped, its instance released and billed, its runs terminated.")
 def cancel_op(context: dg.OpExecutionContext, config: CancelConfig, orbit: OrbitResource) -> bool:
-    from .runs import terminate_runs_of
-
     try:
         changed = cancel(orbit.settings(), config.job_id, reason=f"cancelled from Dagster run {context.run_id}")
     except OrbitError as exc:

@@ -12,6 +12,7 @@ from typing import Optional
 
 import dagster as dg
 
+from ..control.evaluate import abandon_evaluation
 from ..control.migration import carry_out
 from ..control.reconcile import Decision, act
 from ..resources import AwsSpotResource, OrbitResource, SimMarketResource, SshRentalResource, active
@@ -36,8 +37,6 @@ def rental_op(context: dg.OpExecutionContext, config: RentalConfig, orbit: Orbit
     settings = orbit.settings()
     with active(sim_market, ssh_rental, aws_spot):
         if config.action == "abandon_eval":
-            from ..control.evaluate import abandon_evaluation
-
             done = abandon_evaluation(settings, json.loads(config.move or "{}"))
         elif config.action == "migrate":
             move = carry_out(settings, json.loads(config.move or "{}"))

@@ -11,8 +11,9 @@ when an instance is gone; the replay engine decides nothing.
 How the control plane calls orbit's policy (docs/policies.md, "How the control plane calls this")::
 
     policy = OrbitInterval.for_offer(offer, save_s=measured_save, notice_s=provider.notice_seconds,
-                                     rates=book, notices=notice_record, nodes=1)
-    decision = policy.decide(age_s=instance_age, work_left_s=remaining)   # interval + reason
+                                     rates=book, notices=notice_record, nodes=nodes)
+    decision = policy.decide(age_s=0.0, work_left_s=remaining)   # at dispatch: interval + reason
+    rule = policy.rule()   # to the host: the agent asks rule.interval(age, work_left) after each save
     ...
     policy.end_session(exposure_s, reclaimed=True, noticed=saw_notice_event)
 """
@@ -24,8 +25,8 @@ from typing import Protocol
 
 from orbit_dagster.catalog.reclaim_model import ReclaimModel, load_reclaim_model
 from orbit_dagster.core.errors import OrbitError
+from orbit_dagster.core.interval import DEFAULT_MIN_S, IntervalRule, daly_interval, emergency_covered
 from orbit_dagster.core.offers import Offer
-from orbit_dagster.policy.interval import DEFAULT_MIN_S, age_aware_interval, daly_interval, emergency_covered
 from orbit_dagster.policy.reclaim_rate import NoticeReliability, RateBook, ReclaimRateEstimator
 
 
@@ -94,7 +95,7 @@ class OrbitInterval:
     - Those arrive at the instance's age-dependent rate: a Weibull hazard with the fitted
       shape (< 1: fresh instances die first) and the zone's MTBF as estimated online
       (``rate``: Gamma-Poisson, prior from the spot-advisor band).
-    - The interval solves Young's condition for that rate (``interval.age_aware_interval``);
+    - The interval solves Young's condition for that rate (``core.interval.age_aware_interval``);
       when the work left is shorter, the job runs to its end (the final save covers it).
     """
 
@@ -150,11 +151,15 @@ class OrbitInterval:
         """Share of reclaims a periodic checkpoint must insure against."""
         return self.notices.miss_rate if self.covered else 1.0
 
+    def rule(self) -> IntervalRule:
+        """The interval as a function of the instance's age until the next observation: what
+        the agent on the host is given at launch and asks after each durable save."""
+        return IntervalRule(mtbf_s=self.rate.mtbf_s, save_s=self.save_s, shape=self.shape,
+                            uncovered=self.uncovered_share, min_s=self.min_s, max_s=self.max_s)
+
     def interval(self, age_s: float, work_left_s: float = math.inf) -> float:
         """Seconds of work before the next durable checkpoint."""
-        tau = age_aware_interval(age_s, self.rate.mtbf_s, self.save_s, shape=self.shape,
-                                 min_s=min(self.min_s, self.max_s), max_s=self.max_s, uncovered=self.uncovered_share)
-        return work_left_s if work_left_s <= tau else tau
+        return self.rule().interval(age_s, work_left_s)
 
     interval_s = interval
 

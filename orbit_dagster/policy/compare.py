@@ -5,7 +5,8 @@ benchmark and the tests call ``simulate_trace``. Every figure is a mean per job 
 spaced points of the trace (replayed cyclically), so a single lucky or unlucky phase does
 not decide a comparison. The replay is faithful to the trace (``catalog.trace_market``):
 an N-node trace needs N instances, prices are the trace's instance type's, and the notice
-is the trace's cloud's unless ``notice_seconds`` says otherwise.
+is the trace's cloud's unless ``notice_seconds`` says otherwise. The cloud is the trace's
+``metadata.cloud`` or the caller's ``cloud``, never guessed from a file name.
 """
 from __future__ import annotations
 
@@ -55,10 +56,11 @@ def simulate_trace(trace: Trace, *, policy: str | None = None, job_hours: float 
                    deadline_hours: float | None = None, notice_seconds: float | None = None,
                    save_seconds: float = 60.0, restore_seconds: float = 300.0, starts: int = 8,
                    band: int | None = None, model: ReclaimModel | None = None, notice_miss_rate: float = 0.0,
-                   seeds: int = 1) -> dict[str, Any]:
+                   seeds: int = 1, cloud: str | None = None) -> dict[str, Any]:
     """Replay ``trace`` and return a JSON-ready dict of per-policy figures.
 
-    ``notice_seconds`` None: the trace's cloud's notice. ``band`` None: the spot-advisor band
+    ``cloud`` (``aws``/``gcp``) overrides the trace's ``metadata.cloud``; a trace with neither is
+    refused (``catalog.trace_market.trace_cloud``). ``notice_seconds`` None: that cloud's notice. ``band`` None: the spot-advisor band
     of the trace's instance type and region, else the riskiest band (4). With
     ``notice_miss_rate`` > 0, ``seeds`` draws of which notices are lost are replayed for
     every start (figures are means over all of them), so that a handful of unlucky
@@ -75,7 +77,7 @@ def simulate_trace(trace: Trace, *, policy: str | None = None, job_hours: float 
                          fix="pass the share of notices lost, e.g. 0.05")
     m = model or load_reclaim_model()
     market = trace_market(trace, default_spot_usd_per_hour=m.spot_usd_per_hour,
-                          default_on_demand_usd_per_hour=m.on_demand_usd_per_hour)
+                          default_on_demand_usd_per_hour=m.on_demand_usd_per_hour, cloud=cloud)
     notice = market.notice_s if notice_seconds is None else float(notice_seconds)
     band = (market.band if market.band is not None else 4) if band is None else band
     names = _policies(policy, deadline_hours is not None)

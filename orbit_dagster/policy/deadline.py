@@ -24,8 +24,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
+from orbit_dagster.catalog.traces import cyclic_ticks
 from orbit_dagster.core.errors import OrbitError
-from orbit_dagster.policy.interval import checkpoint_interval, emergency_covered
+from orbit_dagster.core.interval import checkpoint_interval, emergency_covered
 
 NONE, SPOT, OD = "N", "S", "O"
 
@@ -287,7 +288,8 @@ def setup_from_trace(trace, *, start_tick: int, work_s: float, deadline_s: float
                      notice_s: float, save_s: float, emergency_save_s: float | None, mtbf_s: float,
                      spot_usd_per_hour: float, od_usd_per_hour: float, nodes: int = 1) -> DeadlineSetup:
     """The window of ``trace`` (a catalog.traces.Trace) that a job starting at ``start_tick``
-    sees, replayed cyclically past the trace's end; ``history`` is the trace before the start.
+    sees, replayed cyclically past the trace's end (from its first tick that holds the job:
+    ``catalog.traces.cyclic_ticks``); ``history`` is the trace before the start.
 
     Prices are per instance; a job on ``nodes`` instances at once pays ``nodes`` times them
     (spot and on-demand alike) and has spot only where the trace holds at least ``nodes``."""
@@ -296,7 +298,7 @@ def setup_from_trace(trace, *, start_tick: int, work_s: float, deadline_s: float
     loss = loss_ticks_for(gap, notice_s=notice_s, save_s=save_s, emergency_save_s=emergency_save_s, mtbf_s=mtbf_s)
     n = len(trace.data)
     span = (math.floor(deadline_s / gap + 1e-9) + loss + 2) * factor
-    ticks = [(start_tick + i) % n for i in range(span)]
+    ticks = cyclic_ticks(trace, start_tick, span, nodes)
     avail, prices = coarsen([trace.data[k] for k in ticks],
                             [trace.price_at(k, spot_usd_per_hour) * nodes for k in ticks], factor, nodes)
     first = start_tick % factor

@@ -155,6 +155,19 @@ class MarkovAvailability:
         # prior weights: the zone-rate Gamma's shape, and 1/sigma^2 of the log down-time spread
         return cls(q10, q01, model.zone_rate_alpha, 1.0 / max(model.zone_down_log_sigma, 0.1) ** 2)
 
+    @classmethod
+    def from_exposure(cls, model: ReclaimModel, gap_s: float, *, reclaims: int, exposure_s: float
+                      ) -> "MarkovAvailability":
+        """The prior updated with what a fleet's record of instances shows: ``exposure_s`` of
+        up-time (one up tick per ``gap_s``) and ``reclaims`` up -> down switches in it. The
+        control plane's deadline decisions are fed this (control/deadline.py), from the same
+        reclaims and exposure as the offer's rate; down-time is not in that record, so the
+        return probability stays the prior's."""
+        est = cls.from_model(model, gap_s)
+        up_ticks = int(max(exposure_s, 0.0) // gap_s)
+        est.n1, est.n10 = max(up_ticks, reclaims), reclaims
+        return est
+
     def observe(self, seq: tuple[bool, ...] | list[bool]) -> None:
         for a, b in zip(seq, seq[1:]):
             if a:

@@ -20,8 +20,8 @@ from typing import Mapping, Sequence
 
 from orbit_dagster.catalog.reclaim_model import ReclaimModel, load_reclaim_model
 from orbit_dagster.core.errors import OrbitError
+from orbit_dagster.core.interval import checkpoint_interval, emergency_covered
 from orbit_dagster.core.offers import Offer
-from orbit_dagster.policy.interval import checkpoint_interval, emergency_covered
 from orbit_dagster.policy.reclaim_rate import RateBook, ReclaimRateEstimator
 
 POLICY_VERSION = "offer-choice/1"

@@ -39,10 +39,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from orbit_dagster.catalog.traces import Trace, up_runs
+from orbit_dagster.catalog.traces import Trace, first_up_tick, up_runs
 from orbit_dagster.core.errors import OrbitError
+from orbit_dagster.core.interval import EMERGENCY_MARGIN
 from orbit_dagster.policy.checkpointing import CheckpointStrategy, FixedInterval
-from orbit_dagster.policy.interval import EMERGENCY_MARGIN
 
 
 @dataclass(frozen=True)
@@ -116,11 +116,14 @@ class ReplayResult:
 
 
 class _PriceClock:
-    """Cumulative spot dollars of the gang at any trace time (piecewise constant per tick, cyclic)."""
+    """Cumulative spot dollars of the gang at any trace time (piecewise constant per tick), on
+    the ticks the cyclic replay reads (``catalog.traces.cyclic_ticks``: once through, then from
+    the first tick that holds the gang)."""
 
     def __init__(self, trace: Trace, default_usd_per_hour: float, nodes: int = 1):
         self.gap = trace.gap_seconds
         self.n = len(trace.data)
+        self.first = first_up_tick(trace, nodes) or 0
         self.rate = [trace.price_at(k, default_usd_per_hour) * nodes / 3600.0 for k in range(self.n)]
         self.prefix = [0.0]
         for r in self.rate:
@@ -128,8 +131,13 @@ class _PriceClock:
 
     def at(self, t: float) -> float:
         k_all = int(math.floor(t / self.gap))
-        cycles, k = divmod(k_all, self.n)
-        return cycles * self.prefix[-1] + self.prefix[k] + (t - k_all * self.gap) * self.rate[k]
+        if k_all < self.n:
+            return self.prefix[k_all] + (t - k_all * self.gap) * self.rate[k_all]
+        cycles, r = divmod(k_all - self.n, self.n - self.first)
+        k = self.first + r
+        per_cycle = self.prefix[-1] - self.prefix[self.first]
+        return (self.prefix[-1] + cycles * per_cycle + self.prefix[k] - self.prefix[self.first]
+                + (t - k_all * self.gap) * self.rate[k])
 
     def cost(self, a: float, b: float) -> float:
         return self.at(b) - self.at(a)

@@ -40,7 +40,11 @@ class LaunchSpec(BaseModel):
     resume_sha256: str | None = None  # what the ledger recorded: the host refuses other bytes
     eval_checkpoint: str | None = None
     eval_sha256: str | None = None
+    # More (checkpoint uri, sha256) pairs the same agent evaluates after eval_checkpoint.
+    eval_more: tuple[tuple[str, str], ...] = ()
     checkpoint_every: int | None = None
+    # What the agent re-asks after each durable save (runtime/checkpoint_schedule.py, PLAN_FIELDS).
+    interval_plan: dict[str, Any] | None = None
     memory_every: int | None = None
     probe: bool = False
     env: dict[str, str] = Field(default_factory=dict)

@@ -1,6 +1,7 @@
 """Pieces every provider shares: the agent's command line and the event-file reader (the host contract's)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..core.execution import Resources
@@ -21,8 +22,12 @@ def agent_argv(python: str, bundle: Path, workdir: Path, spec: LaunchSpec, metad
         argv += ["--checkpoint", spec.eval_checkpoint]
         if spec.eval_sha256:
             argv += ["--expect-sha256", spec.eval_sha256]
+        for uri, sha256 in spec.eval_more:
+            argv += ["--also-evaluate", uri, sha256]
     if spec.checkpoint_every:
         argv += ["--checkpoint-every", str(spec.checkpoint_every)]
+    if spec.interval_plan:
+        argv += ["--interval-plan", json.dumps(spec.interval_plan, sort_keys=True, allow_nan=False)]
     if spec.memory_every:
         argv += ["--memory-every", str(spec.memory_every)]
     if metadata_url:

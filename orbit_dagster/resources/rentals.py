@@ -16,7 +16,7 @@ import dagster as dg
 
 from ..control import providers as registry
 from ..providers.base import Provider
-from ..settings import Settings
+from ..settings import Settings, secret
 
 
 class SimMarketResource(dg.ConfigurableResource):
@@ -65,6 +65,7 @@ class AwsSpotResource(dg.ConfigurableResource):
     def session(self, region: str) -> Any:
         if not (self.access_key_id or self.profile):
             return None  # boto3's standard chain
+        # lazy: boto3 (0.3 s or more) in every process that loads the definitions; only explicit credentials need it
         import boto3
 
         return boto3.session.Session(aws_access_key_id=self.access_key_id,
@@ -92,8 +93,6 @@ def active(sim_market: SimMarketResource, ssh_rental: SshRentalResource, aws_spo
 def from_environment() -> dict[str, dg.ConfigurableResource]:
     """The three resources as `definitions.py` wires them: AWS credentials as EnvVars when the
     environment holds them (an EnvVar of an unset variable fails the code location's load)."""
-    from ..settings import secret
-
     creds = {field: dg.EnvVar(var) for field, var in (("access_key_id", "AWS_ACCESS_KEY_ID"),
                                                       ("secret_access_key", "AWS_SECRET_ACCESS_KEY"),
                                                       ("session_token", "AWS_SESSION_TOKEN")) if secret(var)}

@@ -1,8 +1,8 @@
 """The runtime agent: `python -m orbit_dagster.runtime.agent BUNDLE_DIR [options]`.
 
 Runs on the rented host: verifies the bundle, records a precheck, watches for reclaim
-notices, runs the workload's `main(ctx)`, and reports everything through the event file
-and an exit file. It needs neither the control plane nor the network to finish or to
+notices, runs the workload (an SDK entrypoint's `main(ctx)`, or a template's `command`
+through runtime/command.py), and reports everything through the event file and an exit file. It needs neither the control plane nor the network to finish or to
 checkpoint (beyond the checkpoint store itself).
 """
 from __future__ import annotations
@@ -19,28 +19,23 @@ import traceback
 from pathlib import Path
 
 from ..core.host_contract import Exit, Notice, Probe, Started
+from ..storage import open_store
+from ..storage.base import StoreError
+from .command import CommandRun, is_command
 from .events import EVENTS_FILE, EventWriter
+from .exits import (  # re-exported: the agent's exit codes are its interface
+    EXIT_BUNDLE,
+    EXIT_DIVERGED,
+    EXIT_INFRA,
+    EXIT_OK,
+    EXIT_OOM,
+    EXIT_PREEMPTED,
+    EXIT_USER_ERROR,
+    FAILURE_CLASS,
+    INFRA_ERRNOS,
+    is_out_of_memory,
+)
 from .notices import NoticeWatcher
-
-EXIT_OK = 0
-EXIT_USER_ERROR = 1
-EXIT_OOM = 3
-EXIT_DIVERGED = 4
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped on purpose after an emergency checkpoint
-EXIT_BUNDLE = 65  # EX_DATAERR: the bundle does not match its manifest
-EXIT_INFRA = 74  # EX_IOERR: disk full, I/O or network error, a checkpoint that fails its check
-
-FAILURE_CLASS = {
-    EXIT_OK: None,
-    EXIT_USER_ERROR: "user_error",
-    EXIT_OOM: "oom",
-    EXIT_DIVERGED: "divergence",
-    EXIT_PREEMPTED: "reclaim",
-    EXIT_BUNDLE: "user_error",
-    EXIT_INFRA: "infrastructure",
-}
-# errno values that mean the platform failed, not the workload (see core/failures.py).
-INFRA_ERRNOS = {28, 122, 5, 30, 101, 104, 110, 113}  # ENOSPC EDQUOT EIO EROFS ENETUNREACH ECONNRESET ETIMEDOUT EHOSTUNREACH
 
 
 def _sha256(path: Path) -> str:
@@ -67,7 +62,7 @@ def verify_bundle(bundle: Path) -> str:
 
 
 def precheck(bundle: Path, artifacts: Path, bundle_hash: str) -> dict:
-    import torch
+    import torch  # lazy: torch costs 3 s; a bundle that fails its check is reported without it
 
     info = {
         "bundle_sha256": bundle_hash,
@@ -97,39 +92,8 @@ def load_entrypoint(bundle: Path, name: str):
     return module
 
 
-# What allocators say when they run out, as torch surfaces it: the caching allocator raises
-# torch.OutOfMemoryError, but an allocation outside it (cuBLAS/cuDNN workspaces, a kernel
-# launch, the CPU allocator) arrives as a RuntimeError with one of these in its message.
-OOM_MESSAGES = (
-    "cuda out of memory",
-    "cuda error: out of memory",
-    "cudaerrormemoryallocation",
-    "cublas_status_alloc_failed",
-    "cudnn_status_alloc_failed",
-    "hip out of memory",
-    "mps backend out of memory",
-    "defaultcpuallocator: can't allocate memory",
-)
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """An allocation failure, here or anywhere in the chain of causes (a workload may wrap it)."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        if isinstance(cur, MemoryError) or any(c.__name__ == "OutOfMemoryError" for c in type(cur).__mro__):
-            return True
-        text = str(cur).lower()
-        if any(m in text for m in OOM_MESSAGES):
-            return True
-        cur = cur.__cause__ or cur.__context__
-    return False
-
-
 def classify_exception(exc: BaseException) -> tuple[int, str]:
-    from ..storage.base import StoreError
-    from .sdk import CheckpointMismatch, Diverged, Preempted
+    from .sdk import CheckpointMismatch, Diverged, Preempted  # lazy: sdk imports torch (3 s)
 
     if isinstance(exc, Preempted):
         return EXIT_PREEMPTED, str(exc)
@@ -143,6 +107,16 @@ def classify_exception(exc: BaseException) -> tuple[int, str]:
     return EXIT_USER_ERROR, text
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, not {type(value).__name__}")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="orbit-agent", description=__doc__)
     p.add_argument("bundle", type=Path)
@@ -152,10 +126,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--store", default=None, help="checkpoint store root uri (default: WORKDIR/checkpoints)")
     p.add_argument("--resume-from", default=None, help="checkpoint uri to continue from")
     p.add_argument("--checkpoint", default=None, help="checkpoint uri to evaluate (--task eval)")
+    p.add_argument("--also-evaluate", nargs=2, action="append", default=[], metavar=("URI", "SHA256"),
+                   help="another checkpoint (and its recorded digest) to evaluate after --checkpoint, in this "
+                        "process: one rented instance evaluates several (--task eval; repeatable)")
     p.add_argument("--expect-sha256", default=None,
                    help="the digest the control plane recorded for the checkpoint to load; other bytes are refused")
     p.add_argument("--checkpoint-every", type=int, default=None)
     p.add_argument("--memory-every", type=int, default=None)
+    p.add_argument("--interval-plan", type=_json_object, default=None,
+                   help="JSON: the plan behind --checkpoint-every, re-asked after each durable save "
+                        "(runtime/checkpoint_schedule.py; dispatch writes it)")
     p.add_argument("--metadata-url", default=os.environ.get("ORBIT_METADATA_URL"))
     p.add_argument("--notice-poll", type=float, default=1.0)
     p.add_argument("--notice-grace", type=float, default=5.0, help="seconds to wait for a step boundary after a notice")
@@ -170,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     artifacts = workdir / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     events = EventWriter(artifacts / EVENTS_FILE)
-    code, reason, ctx = EXIT_USER_ERROR, "", None
+    code, reason, ctx, last_step = EXIT_USER_ERROR, "", None, None
     t0 = time.time()
     # Watch for the reclaim from the first instant: a SIGTERM during start-up is a notice too.
     watcher = NoticeWatcher(args.metadata_url, poll_s=args.notice_poll)
@@ -185,22 +165,24 @@ def run(args: argparse.Namespace) -> int:
             return code
         job = json.loads((bundle / "job.json").read_text())
         template = job["template_snapshot"]
-        import torch
+        import torch  # lazy: 3 s, and only once the bundle is verified
 
         threads = int(template.get("resources", {}).get("cpu_threads", 1))
         torch.set_num_threads(threads)  # pinned: 1 and 2 threads give different weights
         info = precheck(bundle, artifacts, bundle_hash)
         events.emit(Started(task=args.task, attempt=args.attempt, precheck=info, pid=os.getpid()))
         if args.probe:
-            from .probe import measure_matmul_tflops
+            from .probe import measure_matmul_tflops  # lazy: imports torch (3 s)
 
             events.emit(Probe(**measure_matmul_tflops(seconds=0.5)))
 
-        from ..storage import open_store
-        from .sdk import RunContext
+        from .sdk import RunContext  # lazy: sdk imports torch (3 s)
 
         store = open_store(args.store or (workdir / "checkpoints").as_uri(), env=os.environ)  # the host's S3 tuning
         ck = template.get("checkpoint", {})
+        if is_command(template, args.task):  # any script's argv (runtime/command.py), not main(ctx)
+            code, reason, last_step = _run_command(args, job, bundle, workdir, events, store, watcher, ck)
+            return code
         ctx = RunContext(
             job=job,
             bundle_dir=bundle,
@@ -215,17 +197,23 @@ def run(args: argparse.Namespace) -> int:
             eval_checkpoint=args.checkpoint,
             expect_sha256=args.expect_sha256,
             stop_after_step=args.stop_after_step,
+            interval_plan=args.interval_plan,
         )
         if watcher.pending:  # reclaimed before any work: nothing to save
-            from .sdk import Preempted
+            from .sdk import Preempted  # lazy: sdk imports torch (3 s)
 
             raise Preempted("reclaim notice before the workload started")
         watcher.on_notice = lambda notice: (events.emit(Notice(**notice)), ctx.on_notice_timeout(args.notice_grace))
         entry = template["entrypoint"] if args.task == "train" else (template.get("eval") or {}).get("entrypoint", "eval.py")
         module = load_entrypoint(bundle, entry)
-        result = module.main(ctx)
-        if args.task == "eval" and ctx.eval_metrics is None and isinstance(result, dict):
-            ctx.report_eval(result.get("metrics", result))
+        _main_once(module, ctx, args.task)
+        for uri, sha256 in args.also_evaluate if args.task == "eval" else ():
+            if watcher.pending:  # reclaimed between two evaluations: the rest are evaluated elsewhere
+                from .sdk import Preempted  # lazy: sdk imports torch (3 s)
+
+                raise Preempted("reclaim notice between evaluations")
+            ctx.eval_checkpoint, ctx.expect_sha256, ctx.eval_metrics = uri, sha256, None
+            _main_once(module, ctx, args.task)
         ctx.close()
         code, reason = EXIT_OK, "completed"
     except SystemExit as exc:
@@ -243,12 +231,48 @@ def run(args: argparse.Namespace) -> int:
         failure_class = FAILURE_CLASS.get(code, "user_error")
         exit_info = {"code": code, "failure_class": failure_class, "reason": reason, "seconds": round(time.time() - t0, 3)}
         if ctx is not None:
-            exit_info["last_step"] = ctx.last_step
+            last_step = ctx.last_step
+        if last_step is not None:
+            exit_info["last_step"] = last_step
         # On a full disk these writes may fail too: the exit code alone then carries the
         # failure class to the host (74: infrastructure), so it must still be the one returned.
         _best_effort(lambda: events.emit(Exit(**exit_info)))
         _best_effort(lambda: _write_exit(artifacts, exit_info))
     return code
+
+
+def _run_command(args, job, bundle, workdir, events, store, watcher, ck) -> tuple[int, str, int | None]:
+    """The command once (train), or once per checkpoint to evaluate (eval: `--checkpoint`, then
+    each `--also-evaluate`, on this instance in turn)."""
+    targets = [(args.checkpoint, args.expect_sha256)]
+    if args.task == "eval":
+        targets += [tuple(pair) for pair in args.also_evaluate]
+    code, reason, last_step = EXIT_OK, "completed", None
+    for checkpoint, sha256 in targets:
+        if watcher.pending:  # reclaimed between two evaluations: the rest are evaluated elsewhere
+            return EXIT_PREEMPTED, "reclaim notice between evaluations", last_step
+        run_ = CommandRun(job=job, bundle=bundle, workdir=workdir, task=args.task, attempt=args.attempt, events=events,
+                          store=store, notices=watcher,
+                          checkpoint_every=args.checkpoint_every or ck.get("every_steps", 50),
+                          resume_from=args.resume_from, eval_checkpoint=checkpoint, expect_sha256=sha256,
+                          notice_grace=args.notice_grace, interval_plan=args.interval_plan)
+        watcher.on_notice = lambda notice, r=run_: (events.emit(Notice(**notice)), r.on_notice(notice))
+        try:
+            code, reason = run_.run()
+        finally:
+            run_.kill()  # whatever ended the run, the script does not outlive it
+        last_step = run_.last_step
+        if code != EXIT_OK:
+            break
+    return code, reason, last_step
+
+
+def _main_once(module, ctx, task: str) -> None:
+    """The workload's `main(ctx)`; an evaluation that returns its metrics instead of reporting
+    them has them reported (one `evaluation` record per evaluated checkpoint)."""
+    result = module.main(ctx)
+    if task == "eval" and ctx.eval_metrics is None and isinstance(result, dict):
+        ctx.report_eval(result.get("metrics", result))
 
 
 def _write_exit(artifacts: Path, exit_info: dict) -> None:

@@ -20,6 +20,11 @@ import torch
 
 from . import delta as D
 
+try:  # torch's switch for the zip CRC of torch.save (older torch has none)
+    from torch.utils.serialization import config as _serialization_config
+except ImportError:
+    _serialization_config = None
+
 
 def weights_digest(model_state: dict[str, torch.Tensor]) -> str:
     """sha256 over names, dtypes, shapes and raw bytes of the weights: 'same model' exactly."""
@@ -41,9 +46,8 @@ def _without_zip_crc() -> Iterator[None]:
     """torch.save without its CRC32 pass while any of our saves runs (process-wide setting,
     so reference-counted: two of our saves may overlap)."""
     global _crc_users
-    try:
-        from torch.utils.serialization import config
-    except ImportError:  # older torch: no switch, the CRC is computed
+    config = _serialization_config
+    if config is None:  # older torch: no switch, the CRC is computed
         yield
         return
     with _crc_lock:

@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from .device import prepare_cuda_determinism
+
 _DEFAULT_SIZE = {"cuda": 8192, "cpu": 1024}  # big enough to saturate, small enough for ~1 s
 _WARMUP_ITERS = 3
 
@@ -64,8 +66,6 @@ def measure_matmul_tflops(*, device: str | None = None, seconds: float = 1.0, si
     if dev.type == "cuda":
         # The probe may make the process's first cuBLAS handle: fix its workspace now, or a
         # deterministic workload later in this process would not be (see runtime.device).
-        from .device import prepare_cuda_determinism
-
         prepare_cuda_determinism()
     n = _DEFAULT_SIZE[dev.type] if size is None else size
     if not isinstance(n, int) or n < 1:

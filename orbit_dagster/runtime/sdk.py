@@ -24,6 +24,7 @@ import torch
 from ..core.host_contract import Device, Evaluation, Loaded, Metrics, Progress, Resumed
 from ..storage.base import CheckpointStore
 from . import device as devices
+from .checkpoint_schedule import CheckpointSchedule
 from .checkpointing import STATE_FILE, Checkpointer
 from .delta import DELTA_KEY, apply_delta, is_delta
 from .events import EventWriter
@@ -63,6 +64,7 @@ class RunContext:
         eval_checkpoint: str | None = None,
         expect_sha256: str | None = None,
         stop_after_step: int | None = None,
+        interval_plan: dict | None = None,
     ):
         self.job = job
         self.job_id: str = job["job_id"]
@@ -76,7 +78,8 @@ class RunContext:
         self.events = events
         self.store = store
         self.watcher = watcher
-        self.checkpoint_every = max(1, int(checkpoint_every))
+        # Which steps save durably; the interval is re-decided after each save (checkpoint_schedule.py).
+        self.schedule = CheckpointSchedule(checkpoint_every, interval_plan)
         self.memory_every = max(1, int(memory_every))
         self.metrics_every = max(1, int(metrics_every))
         self.resume_from = resume_from
@@ -178,9 +181,12 @@ class RunContext:
                 ck.save_emergency(step, state_fn(), self._flush_metrics(step), source=self.watcher.source)
                 self._emergency_done.set()
                 raise Preempted(f"reclaim notice ({self.watcher.source}); emergency checkpoint at step {step}")
-            if final or step % self.checkpoint_every == 0:
+            if final or self.schedule.due(step):
                 self.events.emit(Progress(step=step))
                 ck.save_durable_async(step, state_fn(), self._flush_metrics(step))
+                decided = None if final else self.schedule.after_save(step)
+                if decided is not None:
+                    self.events.emit(decided)
             elif step % self.memory_every == 0:
                 ck.snapshot_memory(step, state_fn(), self._last_metrics)
         if self.stop_after_step is not None and step >= self.stop_after_step:
@@ -212,6 +218,11 @@ class RunContext:
     def report_eval(self, metrics: dict[str, float]) -> None:
         self.eval_metrics = {k: float(v) for k, v in metrics.items()}
         self.events.emit(Evaluation(metrics=self.eval_metrics, checkpoint=self.eval_checkpoint))
+
+    @property
+    def checkpoint_every(self) -> int:
+        """The durable checkpoint interval in steps now (it changes as the instance ages)."""
+        return self.schedule.every
 
     def close(self) -> None:
         if self.checkpointer:

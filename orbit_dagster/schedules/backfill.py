@@ -8,6 +8,8 @@ provider's pool tag (`orbit/pool`) like every other evaluation. The ledger's cla
 one run evaluate a (checkpoint, suite) at a time, whoever launched it.
 """
 import dagster as dg
+from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
+from dagster._core.definitions.events import AssetKeyPartitionKey
 
 from ..assets.partitions import checkpoint_partition_requests, partition_of
 from ..control.backfill import plan_backfill
@@ -21,9 +23,6 @@ INTERVAL_S = 6 * 3600
 def backfill_request(context, suite: str, placement: str, keys: list[str]) -> dg.RunRequest:
     # Dagster builds a backfill from an asset-partition subset only through this constructor
     # (what its own automation uses); there is no other public way to launch one from code.
-    from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
-    from dagster._core.definitions.events import AssetKeyPartitionKey
-
     subset = AssetGraphSubset.from_asset_partition_set(
         {AssetKeyPartitionKey(EVALUATION, str(partition_of(k))) for k in keys}, context.repository_def.asset_graph)
     return dg.RunRequest.for_asset_graph_subset(subset, tags={"orbit/suite": suite, "orbit/kind": "eval",

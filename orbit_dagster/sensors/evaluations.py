@@ -1,5 +1,11 @@
-"""Pending evaluations -> one `evaluation` run each, while the provider's pool has room
-(control/capacity.py: handed-off trainings hold GPUs without runs); claims of dead runs given back.
+"""Pending evaluations -> `evaluation` runs, while the provider's pool has room and leaves the
+slots waiting trainings need (control/capacity.py: handed-off trainings hold GPUs without
+runs); claims of dead runs given back.
+
+With ORBIT_EVAL_SHARE > 1 (the default) one run at a time works on a job's evaluations of a
+suite: it is requested for the oldest pending one and evaluates the job's other pending
+ones of the suite on the instance it rents (control/evaluate.py), so the sensor requests no
+second run for that job and suite while the first is queued or at work.
 
 The run key is `eval:<checkpoint>:<suite>:try-<n>` wherever an evaluation is requested
 (this sensor, the backfill schedule), and the ledger's claim (PENDING -> RUNNING) lets only
@@ -53,13 +59,17 @@ def checkpoint_evaluation_sensor(context: dg.SensorEvaluationContext, orbit: Orb
     ledger = settings.ledger()
     room = capacity(ledger, tag_limits(context.instance), in_flight_tags(context.instance))
     rows = []
+    share = settings.eval_share > 1
     for row in pending_evaluations(ledger, BATCH + sum(len(keys) for keys in room.evals.values())):
         placement = row.get("placement") or "sim"
         if room.evaluating(row["checkpoint_key"], row["suite"]):
             continue  # its run is queued or running
+        if share and room.evaluating_job(row["job_id"], row["suite"]):
+            continue  # a run at work on the job's evaluations takes it up, or the next one does
         if len(rows) < BATCH and room.may_eval(placement):
             rows.append(row)
             room.evals[placement].add(f"{row['checkpoint_key']}|{row['suite']}")
+            room.eval_groups.add(f"{row['job_id']}|{row['suite']}")
     return dg.SensorResult(
         run_requests=[abandoned_eval_request(r) for r in stale] + [eval_request(r) for r in rows],
         dynamic_partitions_requests=checkpoint_partition_requests(context.instance,

@@ -2,7 +2,9 @@
 
 A queued attempt gets its run when its provider's pool holds fewer trainings than its train
 limit and less work than its limit (control/capacity.py); until then it waits in the ledger's
-queue, not in Dagster's, and is requested on a later tick, oldest first.
+queue, not in Dagster's, and is requested on a later tick, oldest first. Evaluations leave
+it the slot it needs (they may not take it while it waits), and its run goes ahead of
+evaluations in Dagster's queue (`dagster/priority`; a resumed attempt highest).
 
 The run key is `<job>:attempt-<n>`: Dagster never launches two runs with the same key
 from one sensor, so an attempt can never launch twice, whatever restarts in between. A run
@@ -14,7 +16,7 @@ after `MAX_RUNS_PER_ATTEMPT` such runs the attempt FAILS with the reason, never 
 import dagster as dg
 
 from ..assets.partitions import JOBS, jobs_partitions
-from ..control.capacity import capacity
+from ..control.capacity import PRIORITY_TAG, capacity, run_priority
 from ..control.queue import fail_undispatched, queued_jobs
 from ..deploy.profiles import pool_tags
 from ..jobs import train_job
@@ -35,6 +37,18 @@ def ended_runs(instance: dg.DagsterInstance, job_id: str, attempt: int) -> int:
     if any(r.dagster_run.status not in ENDED for r in records):
         return -1  # one is queued or running: it will dispatch the attempt
     return len(records)
+
+
+def train_request(r: dict, ended: int = 0) -> dg.RunRequest:
+    """The run of a queued attempt: in its provider's pool, ahead of evaluations in Dagster's
+    queue, a resumed attempt first of all (control/capacity.py: `run_priority`)."""
+    return dg.RunRequest(
+        run_key=f"{r['job_id']}:attempt-{r['attempt']}" + (f":retry-{ended}" if ended else ""),
+        partition_key=r["job_id"],
+        tags={"orbit/job": r["job_id"], "orbit/attempt": str(r["attempt"]), "orbit/experiment": r["experiment"],
+              "orbit/kind": "train", "orbit/placement": r["placement"] or "sim",
+              **pool_tags(r["placement"] or "sim", "train"), PRIORITY_TAG: str(run_priority("train", r["attempt"]))},
+    )
 
 
 @dg.sensor(job=train_job, minimum_interval_seconds=2, default_status=dg.DefaultSensorStatus.RUNNING,
@@ -62,13 +76,7 @@ def job_queue_sensor(context: dg.SensorEvaluationContext, orbit: OrbitResource) 
         if ended >= MAX_RUNS_PER_ATTEMPT:
             fail_undispatched(settings, r["job_id"], int(r["attempt"]), runs=ended)
             continue
-        requests.append(dg.RunRequest(
-            run_key=f"{r['job_id']}:attempt-{r['attempt']}" + (f":retry-{ended}" if ended else ""),
-            partition_key=r["job_id"],
-            tags={"orbit/job": r["job_id"], "orbit/attempt": str(r["attempt"]), "orbit/experiment": r["experiment"],
-                  "orbit/kind": "train", "orbit/placement": r["placement"] or "sim",
-                  **pool_tags(r["placement"] or "sim", "train")},
-        ))
+        requests.append(train_request(r, ended))
         room.trains[placement].add(r["job_id"])
     if waiting:
         context.log.info(f"{waiting} queued attempts wait for room in their provider's pool")

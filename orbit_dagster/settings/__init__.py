@@ -26,8 +26,10 @@ from typing import Any, Mapping
 from ..core.errors import OrbitError
 from ..ledger import Ledger
 from ..ledger.limits import SqlLimits
+from ..storage import open_store
+from ..storage.s3 import BadTuning, tuning
 from .deployment import CodeServerAddress, Profile, parse_follow
-from .sections import AwsSettings, SimSettings, positive, seconds
+from .sections import AwsSettings, SimSettings, count, positive, seconds
 from .variables import Env
 
 
@@ -70,6 +72,11 @@ class Settings:
     s3_checkpoint_store: str | None = None
     # The longest one evaluation may run.
     eval_timeout_s: float = 1800.0
+    # Checkpoints one evaluation run evaluates on the instance it rented: its own, then other
+    # pending ones of the same job and suite (1: one instance per evaluation).
+    eval_share: int = 8
+    # The largest workload tree a bundle packages (core/packaging.py).
+    bundle_max_bytes: int = 256 << 20
     # Proactive migration compares an offer's risk over windows of this many seconds.
     migration_window_s: float = 600.0
     # The deployment profile (embedded / team), and the ledger's database: SQLite under the
@@ -112,7 +119,9 @@ class Settings:
             checkpoint_store=env.get("ORBIT_CHECKPOINT_STORE"),
             s3_checkpoint_store=env.get("ORBIT_S3_CHECKPOINT_STORE"),
             eval_timeout_s=seconds(env, "ORBIT_EVAL_TIMEOUT_S", 1800.0),
+            eval_share=count(env, "ORBIT_EVAL_SHARE", 8),
             migration_window_s=positive(env, "ORBIT_MIGRATION_WINDOW_S", 600.0),
+            bundle_max_bytes=int(positive(env, "ORBIT_BUNDLE_MAX_MB", 256.0) * 2**20),
             profile=profile,
             # ORBIT_LEDGER_URL wins; else the deployment profile's (team: its PostgreSQL).
             ledger_url_setting=env.get("ORBIT_LEDGER_URL") or profile.ledger_url,
@@ -200,8 +209,6 @@ class Settings:
 
     def s3_tuning(self) -> dict[str, int]:
         """The S3 store's multipart sizes (ORBIT_S3_MULTIPART_THRESHOLD, ORBIT_S3_PART_SIZE)."""
-        from ..storage.s3 import BadTuning, tuning
-
         try:
             return tuning(self.env)
         except BadTuning as exc:  # the store's own error (it runs on hosts too), as the settings' kind
@@ -209,8 +216,6 @@ class Settings:
 
     def open_store(self, root_uri: str):
         """The checkpoint store at `root_uri`, with these settings' S3 tuning and client choice."""
-        from ..storage import open_store
-
         return open_store(root_uri, env=self.env)
 
     def sql_limits(self, *, timeout_s: float | None = None, memory: str | None = None) -> SqlLimits:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import get_args
 
+import sqlalchemy as sa
+
 from ..core.errors import OrbitError
 from ..core.execution import Placement
 
@@ -77,8 +79,6 @@ class PostgresServer:
 
     @classmethod
     def parse(cls, url: str | None, field: str = "ORBIT_POSTGRES_URL") -> "PostgresServer":
-        import sqlalchemy as sa
-
         fix = "set ORBIT_POSTGRES_URL=postgresql://USER@HOST:PORT/DB (the password in PGPASSWORD or ~/.pgpass)"
         if not url:
             raise OrbitError("the team profile needs a PostgreSQL server", field=field, value=url, fix=fix)

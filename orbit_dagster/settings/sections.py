@@ -42,6 +42,19 @@ def positive(env: Env, name: str, default: float) -> float:
     return value
 
 
+def count(env: Env, name: str, default: int) -> int:
+    """A whole number >= 1 (how many things at once)."""
+    text = env.get(name)
+    try:
+        value = int(text) if text else default
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise OrbitError(f"{name}={str(text)[:64]!r} is not a whole number >= 1", field=name, value=text,
+                         fix=f"e.g. {name}={default}")
+    return value
+
+
 def choice(env: Env, name: str, default: str, allowed: tuple[str, ...]) -> str:
     value = env.get(name) or default
     if value not in allowed:

@@ -45,7 +45,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ORBIT_S3_CHECKPOINT_STORE", "", "the S3 checkpoint store (`checkpoint.store: s3`), `s3://BUCKET/PREFIX`"),
     Variable("ORBIT_S3_MULTIPART_THRESHOLD", "67108864 (64 MiB)", "bytes from which a file goes by multipart upload"),
     Variable("ORBIT_S3_PART_SIZE", "16777216 (16 MiB)", "bytes per multipart part (at least 5 MiB)"),
+    Variable("ORBIT_BUNDLE_MAX_MB", "256", "the largest workload directory a bundle packages (its `.orbitignore` "
+                                           "leaves data out)"),
     Variable("ORBIT_EVAL_TIMEOUT_S", "1800", "the longest one evaluation may run"),
+    Variable("ORBIT_EVAL_SHARE", "8", "checkpoints one evaluation run evaluates on the instance it rented (its own, "
+                                      "then its job's other pending ones of the suite); 1: an instance each"),
     Variable("ORBIT_MIGRATION_WINDOW_S", "600", "proactive migration compares offers' risk over windows this long"),
     # The SQL face
     Variable("ORBIT_SQL_TIMEOUT_S", "60", "a query's time limit (`orbit sql --timeout SECONDS`)"),
@@ -80,12 +84,30 @@ VARIABLES: tuple[Variable, ...] = (
 )
 
 # Not settings: names the host side reads from its own environment, set by a launch
-# (runtime/device.py, runtime/agent.py), and AWS's own, read by boto3's chain.
+# (runtime/device.py, runtime/agent.py, runtime/command.py), and AWS's own, read by boto3's chain.
 HOST_VARIABLES: dict[str, str] = {
     "ORBIT_DEVICE": "the host's device: `auto`, `cpu`, `cuda`, `cuda:N` (runtime/device.py)",
     "ORBIT_PRECISION": "the host's autocast dtype: `auto`, `fp32`, `bf16` (runtime/device.py)",
     "ORBIT_METADATA_URL": "the metadata service the host's agent polls for notices (set by the AWS launch)",
+    "ORBIT_HOST_TAG": "set by the sim host for its agent: every process of the instance carries it (core/process_tree.py)",
+    "ORBIT_RUN_TAG": "set by the agent for its script: every process of one run carries it, torchrun's ranks too",
 }
+# Set by the agent for a command workload's script (runtime/command.py, docs/bring-your-own.md),
+# read by the script or a framework callback (integrations/env.py), never by the control plane.
+SCRIPT_VARIABLES: dict[str, str] = {
+    "ORBIT_JOB_ID": "the job id",
+    "ORBIT_ATTEMPT": "the attempt number (1, 2, ...)",
+    "ORBIT_TASK": "`train` or `eval`",
+    "ORBIT_CHECKPOINT_DIR": "where the script writes its checkpoints (the agent watches it)",
+    "ORBIT_RESUME_FROM": "the verified checkpoint to resume from, as the script wrote it, or empty",
+    "ORBIT_METRICS_FILE": "a file the script may append JSON lines of metrics to",
+    "ORBIT_CHECKPOINT_EVERY": "steps between periodic checkpoints",
+    "ORBIT_CHECKPOINT_SCHEDULE": "the agent's re-decided checkpoint schedule (a JSON file a command workload reads)",
+    "ORBIT_EVAL_CHECKPOINT": "eval only: the verified checkpoint to evaluate",
+    "ORBIT_CONFIG": "a JSON file holding the template's `config`",
+    "ORBIT_STOP_FILE": "created by the agent when a reclaim notice arrives",
+}
+HOST_VARIABLES.update(SCRIPT_VARIABLES)
 AWS_VARIABLES = ("AWS_REGION", "AWS_ENDPOINT_URL")  # fallbacks of ORBIT_AWS_REGION / ORBIT_AWS_ENDPOINT_URL
 
 NAMES = frozenset(v.name for v in VARIABLES)

@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Protocol
+from typing import Iterator, Protocol
 
 MANIFEST = "manifest.json"
 
@@ -124,19 +124,3 @@ class CheckpointStore(Protocol):
     def delete(self, uri: str) -> bool:
         """Remove a checkpoint; a checkpoint already gone is not an error (returns False)."""
 
-
-def store_of(uri: str) -> CheckpointStore:
-    """A store that can read, verify and delete the checkpoint at `uri` (any kind)."""
-    return open_store(uri)
-
-
-def open_store(root_uri: str, *, env: Mapping[str, str] | None = None) -> CheckpointStore:
-    """`file:///abs/dir` or a plain path -> FsStore; `s3://bucket/prefix` -> S3Store, tuned by
-    `env` (the settings' snapshot, or the host's environment: see s3.py)."""
-    if root_uri.startswith("s3://"):
-        from .s3 import S3Store
-
-        return S3Store(root_uri, env=env)
-    from .fs import FsStore
-
-    return FsStore(root_uri)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -140,8 +141,6 @@ TEMP_MAX_AGE_S = 3600.0
 def sweep_temp_dirs(job_dir: Path, max_age_s: float = TEMP_MAX_AGE_S) -> int:
     """Remove the temp dirs of writers that died mid-write (killed, host lost). A live writer
     finishes within seconds; one older than an hour is gone. Returns how many were removed."""
-    import time
-
     removed = 0
     if not job_dir.is_dir():
         return 0

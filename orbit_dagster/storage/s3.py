@@ -93,6 +93,8 @@ def tuning(env: Mapping[str, str]) -> dict[str, int]:
 
 
 def _new_client() -> Any:
+    # lazy: a host may have nothing but Python and torch, and this module is imported with the package
+    # (storage/factory.py): the fs store must work without boto3
     import boto3
     from botocore.config import Config
 
@@ -146,7 +148,7 @@ class S3Store:
 
     def _call(self, operation: str, key: str, **kw: Any) -> Any:
         """One S3 call; a botocore error leaves as S3StoreError naming the key (cause kept)."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError  # lazy: see _new_client
 
         try:
             return getattr(self.client, operation)(**kw)
@@ -284,7 +286,7 @@ class S3Store:
         return manifest
 
     def _keys(self, bucket: str, prefix: str) -> Iterator[str]:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError  # lazy: see _new_client
 
         paging = {"PageSize": self.list_page_size} if self.list_page_size else {}
         try:

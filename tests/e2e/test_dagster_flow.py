@@ -1,5 +1,6 @@
 """End to end through a real Dagster instance: the daemon's sensors launch training, evaluate
 every checkpoint and rank them; everything is visible as asset materialisations."""
+import json
 import math
 
 import dagster as dg
@@ -7,6 +8,7 @@ import pytest
 
 from orbit_dagster.assets.partitions import checkpoint_key_of
 from orbit_dagster.deploy.instance import dagster_instance
+from tests.e2e.conftest import E2E_OVERRIDES
 
 pytestmark = pytest.mark.e2e
 
@@ -52,3 +54,25 @@ def test_cost_of_the_demo_job_adds_up(demo_run):
     settings, result = demo_run
     assert math.isclose(result["cost_usd"], result["billed_usd"], rel_tol=0.01)
     assert result["cost_usd"] > 0 and result["wasted_gpu_seconds"] == 0
+
+
+def test_every_durable_checkpoint_has_its_interval_decision_with_the_instance_age(demo_run):
+    """The interval is decided at dispatch (age 0) and again by the agent at each durable save."""
+    settings, result = demo_run
+    ledger = settings.ledger()
+    job = result["job"]
+    for attempt in [r["attempt"] for r in ledger.rows("SELECT attempt FROM runs WHERE job_id = ?", [job])]:
+        rows = [json.loads(r["inputs"]) | {"chosen": int(r["chosen"])} for r in ledger.rows(
+            "SELECT chosen, inputs FROM decisions WHERE job_id = ? AND attempt = ? AND kind = 'checkpoint_interval'",
+            [job, attempt])]
+        at_dispatch = [d for d in rows if d.get("decided_on") != "host"]
+        on_host = sorted((d for d in rows if d.get("decided_on") == "host"), key=lambda d: d["step"])
+        assert len(at_dispatch) == 1 and at_dispatch[0]["age_s"] == 0.0
+        durable = [r["step"] for r in ledger.rows(
+            "SELECT step FROM checkpoints WHERE job_id = ? AND attempt = ? AND tier = 'durable' ORDER BY step",
+            [job, attempt])]
+        last = E2E_OVERRIDES["config.steps"]  # the final save decides nothing: no step is left
+        assert durable and [d["step"] for d in on_host] == [s for s in durable if s != last]
+        ages = [d["age_s"] for d in on_host]
+        assert all(a > 0 for a in ages) and ages == sorted(ages)
+        assert all(d["next_step"] == d["step"] + d["chosen"] for d in on_host)

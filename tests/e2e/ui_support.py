@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from orbit_dagster.deploy.instance import Daemon, dagster_instance, environment
 from orbit_dagster.settings import Settings
@@ -99,9 +100,19 @@ class UI:
 
     def choose_partition(self, key: str) -> None:
         box = self.page.get_by_placeholder("Partition")
-        box.click()
-        box.fill(key.split("|")[0])
-        self.page.get_by_text(key, exact=True).first.click()
+        option = self.page.get_by_text(key, exact=True).first
+        for _ in range(3):
+            # Typed again when no suggestion shows: text typed before the page has loaded the
+            # partitions (a loaded machine) filters an empty list and is not filtered again.
+            box.click()
+            box.fill("")
+            box.fill(key.split("|")[0])
+            try:
+                option.wait_for(timeout=30 * SECOND)
+                break
+            except PlaywrightTimeout:
+                self.page.keyboard.press("Escape")
+        option.click()
         helpers.wait_for(lambda: box.input_value() == key, timeout=10, what=f"partition {key} chosen")
 
     def launch(self) -> str:

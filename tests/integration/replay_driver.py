@@ -235,8 +235,12 @@ def timeline(run: SegmentRun, step_seconds: float) -> dict:
                                 AND name = 'train/loss' ORDER BY step""", [r["run_id"]])
         # the first step began one pace after work started; every step keeps the pace
         work_start = min((p["ts"] - (p["step"] - resumed) * step_seconds for p in points), default=None)
-        interval = ledger.one("""SELECT chosen, inputs FROM decisions WHERE job_id = ? AND attempt = ?
-                                 AND kind = 'checkpoint_interval'""", [run.job_id, r["attempt"]])
+        decided = [{"steps": int(d["chosen"]), **json.loads(d["inputs"])} for d in ledger.rows(
+            """SELECT chosen, inputs FROM decisions WHERE job_id = ? AND attempt = ?
+               AND kind = 'checkpoint_interval'""", [run.job_id, r["attempt"]])]
+        # dispatch's (age 0), then the agent's at each durable save
+        at_dispatch = [d for d in decided if d.get("decided_on") != "host"]
+        on_host = sorted((d for d in decided if d.get("decided_on") == "host"), key=lambda d: d["step"])
         market = ledger.one("""SELECT chosen, inputs, ts FROM decisions WHERE job_id = ? AND attempt = ?
                                AND kind = 'spot_or_on_demand' ORDER BY ts LIMIT 1""", [run.job_id, r["attempt"]])
         notices = [json.loads(e["detail"] or "{}") for e in ledger.rows(
@@ -251,8 +255,8 @@ def timeline(run: SegmentRun, step_seconds: float) -> dict:
             "last_step": max((p["step"] for p in points), default=None),
             "checkpoints": [{"step": c["step"], "tier": c["tier"], "at": tt(c["created_at"] - (c["save_seconds"] or 0)),
                              "save_s": c["save_seconds"]} for c in ckpts],
-            "interval": None if interval is None else {"steps": int(interval["chosen"]),
-                                                       **json.loads(interval["inputs"])},
+            "interval": at_dispatch[0] if at_dispatch else None, "dispatch_intervals": len(at_dispatch),
+            "host_intervals": on_host,
             "market": None if market is None else {"chosen": market["chosen"], "at": tt(market["ts"]),
                                                    **json.loads(market["inputs"])},
             "notices": [{"at": tt(n["received_at"]), "source": n.get("source")} for n in notices],
@@ -286,7 +290,8 @@ def measured_launches(tl: dict, deadline_s: float | None = None) -> tuple[list, 
         launches.append(Launch(dispatch_at=asked(a["market"]) or a["instance_start"], instance_at=a["instance_start"],
                                work_at=a["work_start"], save_s=iv["save_s"], step_s=iv["step_s"], spot=a["spot"],
                                notice_seen_at=min(seen) if seen else None, released_at=a["instance_stop"],
-                               stopped_step=emergency[0] if emergency else None))
+                               stopped_step=emergency[0] if emergency else None,
+                               decision_ages={d["step"]: d["age_s"] for d in a["host_intervals"]}))
     move = None
     ticks = [d for d in tl["deadline_decisions"] if d["chosen"] == "on_demand" and d.get("holding") == "spot"]
     if ticks:

@@ -6,9 +6,10 @@ Two jobs run at once, each on its own market and ledger: one without a deadline,
 `deadline_hours`. For each, the replay of the control plane's protocol
 (`tests/launch_replay.py`) is given the platform timings the real run measured (when each
 instance came up, when its first step began, when its agent saw the notice, when it was
-released) and the control plane's own measured step and save times, and must reach the same
-decisions: the checkpoint interval of every attempt, the durable checkpoints on the trace's
-clock, which reclaims an emergency checkpoint caught, the spot/on-demand switches and the
+released, at what age its agent re-decided the interval) and the control plane's own measured
+step and save times, and must reach the same decisions: the checkpoint interval at every
+dispatch and at every durable save (the agent re-decides it as the instance ages), every
+durable checkpoint on the trace's clock, which reclaims an emergency checkpoint caught, the spot/on-demand switches and the
 moves they make. The age-aware replay behind `orbit simulate` is run on the same segment too;
 how it differs is asserted and documented (docs/policies.md, "One policy, two drivers").
 
@@ -41,7 +42,13 @@ from tests.integration.replay_driver import (
 )
 from tests.launch_replay import ControlJob, replay_control
 
-pytestmark = pytest.mark.integration
+# Opt-in (`make test-all`): the market runs 240 times faster than the wall clock, so a loaded
+# machine's hiccup of half a second is two market minutes, a whole AWS notice. A CI machine
+# under the suite's three lanes saved an emergency checkpoint too late for its notice, which
+# the replay (given the median save time) counted as caught: the two drivers then differ for
+# a reason that is the machine's, not the policy's. The replay harness itself is deterministic
+# and is run in `make test` by tests/unit/policy/test_launch_replay.py.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TRACE = "traces/preemption/aws-2023-04-22_us-west-2b_v100_1.json"
 # An up edge at 94.15 h: the zone then stays up 95, 68, 94 and 86 minutes, down 17, 3 and 4
@@ -179,15 +186,43 @@ def test_same_checkpoint_interval_at_every_dispatch(replays, name):
 
 
 @pytest.mark.parametrize("name", ["plain", "deadline"])
+def test_the_agent_re_decides_the_interval_at_every_durable_save_as_the_replay_does(replays, name):
+    """Not a launch-only interval: after each durable save the agent asks the policy again,
+    for the instance's age then, and both drivers reach the same decision from it."""
+    compared, lengthened = 0, 0
+    for real, sim in pairs(replays[name]):
+        assert real["dispatch_intervals"] == 1, f"attempt {real['attempt']}: one decision at dispatch"
+        host = {d["step"]: d for d in real["host_intervals"]}
+        durable = [c["step"] for c in real["checkpoints"] if c["tier"] == "durable" and c["step"] != STEPS]
+        # a decision for every durable checkpoint, made at its step, with the instance's age
+        assert set(durable) <= set(host), f"attempt {real['attempt']}: saves {durable}, decisions {sorted(host)}"
+        for d in sim["decisions"]:
+            mine = host.get(d["step"])
+            if mine is None:
+                continue
+            compared += 1
+            assert mine["age_s"] == pytest.approx(d["age_s"])  # (the replay is given the agent's ages)
+            assert abs(mine["age_s"] - d["model_age_s"]) <= TOL_S  # and its own model of them agrees
+            # (the agent records seconds to the millisecond)
+            assert mine["work_left_s"] == pytest.approx(d["work_left_s"], abs=1e-3)
+            assert mine["interval_s"] == pytest.approx(d["interval_s"], abs=2e-3)
+            assert mine["steps"] == d["steps"], f"attempt {real['attempt']}, step {d['step']}"
+        taus = [host[k]["interval_s"] for k in sorted(host) if host[k]["interval_s"] is not None
+                and host[k]["interval_s"] < host[k]["work_left_s"]]  # (not: run to the end)
+        lengthened += any(b > a for a, b in zip(taus, taus[1:]))
+    assert compared >= 1
+    if name == "plain":  # (the deadline job soon runs on demand, where the interval is the work left)
+        assert compared >= 3 and lengthened >= 1, "the interval must lengthen as an instance ages"
+
+
+@pytest.mark.parametrize("name", ["plain", "deadline"])
 def test_same_durable_checkpoints_on_the_trace_clock(replays, name):
     periodic = 0
     for real, sim in pairs(replays[name]):
         want = [(c["step"], c["tier"]) for c in sim["checkpoints"] if c["tier"] == "durable"]
         got = [(c["step"], c["tier"]) for c in real["checkpoints"] if c["tier"] == "durable"]
-        n = int(real["interval"]["steps"])
-        # the agent saves at every multiple of the interval dispatch chose, and at the end
-        assert all(step % n == 0 or step == STEPS for step, _ in got), f"attempt {real['attempt']}: {got} vs {n}"
-        if n == sim["interval_steps"] and real["resumed_step"] == sim["resumed_step"]:
+        if int(real["interval"]["steps"]) == sim["interval_steps"] and real["resumed_step"] == sim["resumed_step"]:
+            # every checkpoint of the attempt, not only the first: each one the decision before it placed
             assert got == want, f"attempt {real['attempt']}"
             for c, s in zip(real["checkpoints"], [c for c in sim["checkpoints"] if c["tier"] == "durable"]):
                 assert abs(c["at"] - s["at"]) <= TOL_S, f"checkpoint at step {c['step']}: {c['at'] - s['at']:+.1f} s"

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from orbit_dagster.cli.commands import main
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.providers import provider_for
 from orbit_dagster.control.recovery import recover_lost
@@ -121,6 +122,37 @@ def test_a_reclaim_set_by_training_progress_comes_at_that_step_on_any_machine(se
     assert len(emergency) == 1 and 30 <= emergency[0]["step"] < 400
     assert emergency[0]["step"] == last_step(ledger, job, 1)
     cancel(settings, job)
+
+
+def test_orbit_sim_reclaim_at_a_step_then_orbit_logs_shows_every_attempt_and_how_it_ended(settings, capsys):
+    """The two commands a user tries recovery with: `orbit sim reclaim JOB --at-step N` on the
+    embedded market, and `orbit logs JOB` with each attempt headed by how it ended."""
+    ledger = settings.ledger()
+    job = submit(settings, "charlm-finetune", {"config.steps": 120, "checkpoint.every_steps": 500},
+                 experiment="cli-reclaim")
+    with pytest.raises(SystemExit) as refused:  # not running yet: refused, naming the state and the fix
+        main(["sim", "reclaim", job])
+    assert refused.value.code == 2 and "only a job running on an instance" in capsys.readouterr().err
+    bg = Background(lambda: run_attempt(settings, job))
+    wait_for(lambda: R.run(ledger, R.run_id_for(job, 1)) and R.run(ledger, R.run_id_for(job, 1))["state"] == "RUNNING")
+    main(["sim", "reclaim", job, "--at-step", "30", "--notice-seconds", "5"])
+    assert "reclaimed when it reports step 30" in capsys.readouterr().out
+    first = bg.join()
+    assert (first.state, first.failure_class) == ("LOST", "reclaim")
+    emergency = ledger.rows("SELECT step, checkpoint_key FROM checkpoints WHERE job_id = ? AND tier = 'emergency'", [job])
+    assert len(emergency) == 1 and 30 <= emergency[0]["step"] < 120
+    assert run_attempt(settings, job).state == "SUCCEEDED"
+    assert ledger.rows("SELECT resume_from FROM runs WHERE run_id = ?", [R.run_id_for(job, 2)])[0]["resume_from"] \
+        == emergency[0]["checkpoint_key"]
+    main(["logs", job, "--tail", "5"])
+    log = capsys.readouterr().out
+    first_head, second_head = (line for line in log.splitlines() if " of 2: " in line)
+    assert first_head.startswith(f"== {job} attempt 1 of 2: LOST (reclaim)")
+    assert second_head.startswith(f"== {job} attempt 2 of 2: SUCCEEDED")
+    assert log.index(first_head) < log.index(second_head)
+    with pytest.raises(SystemExit) as ended:
+        main(["sim", "reclaim", job, "--at-step", "-3"])
+    assert ended.value.code == 2 and "--at-step" in capsys.readouterr().err
 
 
 def test_oom_retries_once_with_the_whitelisted_change(settings):

@@ -62,3 +62,51 @@ def test_a_run_launched_from_the_ui_is_put_in_its_jobs_pool(orbit_home, monkeypa
         assert len(warnings) == 2 and "'nosuchjob' is not in the ledger" in warnings[0]
         # A run that already names its pool (a sensor's) keeps it.
         assert submit("evaluation", "a1/8|jsim", **{"orbit/pool": "ssh_rental"}).tags["orbit/pool"] == "ssh_rental"
+
+
+def test_with_the_pool_full_of_evaluations_the_next_dequeue_starts_the_resumed_attempt(orbit_home):
+    """Dagster's own queue (its run-queue daemon, one iteration at a time) with orbit's pool
+    limits and the tags orbit's sensors give their runs: evaluations queued first, a resumed
+    training queued last; when an evaluation ends, the training is the run dequeued."""
+    import yaml
+    from dagster._core.test_utils import MockedRunLauncher, create_run_for_test, instance_for_test
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import EmptyWorkspaceTarget
+    from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
+
+    from orbit_dagster.deploy.profiles import Profile, parse_pools, render_dagster_yaml
+    from orbit_dagster.sensors.evaluations import eval_request
+    from orbit_dagster.sensors.queue import train_request
+
+    limits = yaml.safe_load(render_dagster_yaml(Profile("embedded", parse_pools("sim=2"))))["concurrency"]
+    overrides = {"run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator",
+                                     "config": {"dequeue_use_threads": False}},
+                 "concurrency": limits,
+                 "run_launcher": {"module": "dagster._core.test_utils", "class": "MockedRunLauncher"}}
+
+    from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
+
+    location = InProcessCodeLocationOrigin(LoadableTargetOrigin(module_name="orbit_dagster.definitions"))
+
+    def run_of(request: dg.RunRequest, status: dg.DagsterRunStatus, job_name: str) -> dg.DagsterRun:
+        origin = RemoteJobOrigin(repository_origin=RemoteRepositoryOrigin(location, "__repository__"), job_name=job_name)
+        return create_run_for_test(instance, job_name=job_name, status=status, tags=request.tags,
+                                   remote_job_origin=origin)
+
+    evals = [eval_request({"checkpoint_key": f"j{i}/a1/8", "suite": "heldout", "job_id": f"j{i}", "tries": 0,
+                           "placement": "sim"}) for i in range(5)]
+    with instance_for_test(overrides=overrides) as instance, \
+            WorkspaceProcessContext(instance, EmptyWorkspaceTarget()) as context:
+        launcher = instance.run_launcher
+        assert isinstance(launcher, MockedRunLauncher)
+        working = [run_of(r, dg.DagsterRunStatus.STARTED, "eval_job") for r in evals[:2]]  # the pool is full
+        waiting = [run_of(r, dg.DagsterRunStatus.QUEUED, "eval_job") for r in evals[2:]]
+        resumed = run_of(train_request({"job_id": "jr", "attempt": 2, "experiment": "e", "placement": "sim"}),
+                         dg.DagsterRunStatus.QUEUED, "train_job")
+        daemon = QueuedRunCoordinatorDaemon(interval_seconds=1)
+        list(daemon.run_iteration(context))
+        assert launcher.queue() == []  # nothing fits
+        instance.report_run_canceled(working[0])  # an evaluation ends: one slot
+        list(daemon.run_iteration(context))
+        assert [r.run_id for r in launcher.queue()] == [resumed.run_id]
+        assert all(instance.get_run_by_id(r.run_id).status == dg.DagsterRunStatus.QUEUED for r in waiting)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from orbit_dagster.ledger import records as R
 from orbit_dagster.settings import Settings
-from orbit_dagster.storage.base import open_store, parse_checkpoint_dir
+from orbit_dagster.storage import open_store
+from orbit_dagster.storage.base import parse_checkpoint_dir
 
 HOST_MARKS = (b"orbit_dagster.providers.sim.host", b"orbit_dagster.runtime.agent")
 

@@ -274,7 +274,7 @@ def test_the_agents_eval_path_reports_real_metrics_or_fails_as_a_user_error(tmp_
 
     events, _ = read_event_file(work / "events.jsonl", 0)
     reported = next((e.metrics for e in reversed(events) if isinstance(e, Evaluation)), None)
-    try:  # what control/evaluate.py::_run_on_instances does with it
+    try:  # what control/eval_host.py (its recorder of `evaluation` records) does with it
         out = valid_metrics(reported)
     except OrbitError:
         return

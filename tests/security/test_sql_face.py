@@ -6,8 +6,6 @@ or read outside it, no extension installed, and the console still answers.
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -16,23 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from orbit_dagster.cli.commands import main
 from orbit_dagster.control.submit import submit
 from orbit_dagster.settings import Settings
+from tests.helpers import run_cli
 from tests.reliability import inject
 
 SECRET = "s3cr3t-value-never-shown"
 
 
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(argv)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-    return code, out.getvalue(), err.getvalue()
+run = run_cli  # `orbit ARGV` in this process: (exit code, stdout, stderr)
 
 
 def files(root: Path) -> dict[str, int]:

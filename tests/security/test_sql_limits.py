@@ -9,8 +9,6 @@ code ran these queries until killed.
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import signal
@@ -20,23 +18,15 @@ import time
 
 import pytest
 
-from orbit_dagster.cli.commands import main
 from orbit_dagster.settings import Settings
+from tests.helpers import run_cli
 from tests.postgres import postgres  # noqa: F401 - fixture
 from tests.security.measure import orbit
 
 ENDLESS = "SELECT count(*) FROM range(1000000000000)"
 
 
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(argv)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-    return code, out.getvalue(), err.getvalue()
+run = run_cli  # `orbit ARGV` in this process: (exit code, stdout, stderr)
 
 
 def one_line(m) -> str:

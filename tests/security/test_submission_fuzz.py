@@ -6,8 +6,6 @@ template that passes the workload's schema. Seeded (derandomize) so a failure re
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
@@ -15,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from orbit_dagster.cli.commands import main
 from orbit_dagster.control.validate import check_serviceable
 from orbit_dagster.core.templates import load_template, typed_template
 from orbit_dagster.settings import Settings
+from tests.helpers import run_cli
 
 ALLOWED = list(load_template("charlm-finetune").allow_overrides)
 MIB = "x" * (1 << 20)
@@ -72,15 +70,7 @@ templates = st.one_of(st.just("charlm-finetune"),
                       st.text(max_size=50))
 
 
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(argv)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-    return code, out.getvalue(), err.getvalue()
+run = run_cli  # `orbit ARGV` in this process: (exit code, stdout, stderr)
 
 
 def tree(root: Path) -> dict[str, tuple[int, int]]:

@@ -13,9 +13,7 @@ The files that would need gigabytes are sparse (`os.truncate`): no disk, no RAM.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import os
 import subprocess
@@ -24,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from orbit_dagster.cli.commands import main
 from orbit_dagster.core.config_schema import show
 from orbit_dagster.core.errors import TemplateError
 from orbit_dagster.core.templates import MAX_TEMPLATE_BYTES, parse_template
 from orbit_dagster.settings import Settings
 from orbit_dagster.storage.base import MANIFEST, CheckpointManifest
+from tests.helpers import run_cli
 from tests.reliability import inject
 from tests.security.measure import orbit
 
@@ -39,15 +37,7 @@ BOMB = "\n".join(["name: bomb", "workload: charlm", 'a: &a ["lol","lol","lol","l
                  + ["description: *i"]) + "\n"
 
 
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(argv)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-    return code, out.getvalue(), err.getvalue()
+run = run_cli  # `orbit ARGV` in this process: (exit code, stdout, stderr)
 
 
 def refusal(code: int, out: str, err: str) -> str:

@@ -3,8 +3,6 @@ store, a submission through any door) is checked before it is used, and a refusa
 nothing and writes nothing."""
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import pickle
@@ -14,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from orbit_dagster.cli.commands import main
 from orbit_dagster.control.attempt import run_attempt
 from orbit_dagster.control.checkpoints import newest_complete
 from orbit_dagster.control.evaluate import evaluate_checkpoint
@@ -24,6 +21,7 @@ from orbit_dagster.core.errors import CheckpointIntegrityError, OrbitError
 from orbit_dagster.ledger import records as R
 from orbit_dagster.settings import Settings
 from orbit_dagster.storage.base import MANIFEST, CheckpointManifest
+from tests.helpers import run_cli
 from tests.reliability import inject
 from tests.reliability.conftest import train
 
@@ -33,15 +31,7 @@ def settings(orbit_home) -> Settings:
     return Settings.from_env(orbit_home)
 
 
-def run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(argv)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-    return code, out.getvalue(), err.getvalue()
+run = run_cli  # `orbit ARGV` in this process: (exit code, stdout, stderr)
 
 
 def refusal(code: int, out: str, err: str) -> str:

@@ -11,7 +11,8 @@ from orbit_dagster.settings import Settings
 def test_pools_leave_evaluations_a_quarter_of_each_provider():
     assert [(p.limit, p.train_limit, p.eval_reserve) for p in map(lambda n: Pool("sim", n), (1, 2, 4, 8, 9))] == \
         [(1, 1, 0), (2, 1, 1), (4, 3, 1), (8, 6, 2), (9, 7, 2)]
-    assert pool_tags("aws_spot", "train") == {"orbit/pool": "aws_spot", "orbit/train-pool": "aws_spot"}
+    assert pool_tags("aws_spot", "train") == {"orbit/pool": "aws_spot", "orbit/train-pool": "aws_spot",
+                                              "dagster/priority": "10"}  # ahead of evaluations in Dagster's queue
     assert pool_tags("aws_spot", "eval") == {"orbit/pool": "aws_spot"}
     assert pool_tags(None, "train") == {}
 

@@ -19,9 +19,11 @@ NAME = re.compile(r"\bORBIT_[A-Z0-9_]*[A-Z0-9]\b")
 # Names in examples, chosen by a user (an SSH inventory's `key_env`), not read by orbit itself.
 EXAMPLES = {"ORBIT_BOX1_KEY", "ORBIT_BOX1_PASSPHRASE"}
 # Where the environment may be read: the settings, and the host side, which reads its own
-# (runtime/; the sim host plays a rented machine; the SSH helper runs on the rented box).
-HOST_SIDE = ("orbit_dagster/settings/", "orbit_dagster/runtime/", "orbit_dagster/providers/sim/host.py",
-             "orbit_dagster/providers/ssh/host.py")
+# (runtime/; integrations/, imported by a command workload's script on the host; the sim host
+# plays a rented machine; the SSH helper runs on the rented box).
+HOST_SIDE = ("orbit_dagster/settings/", "orbit_dagster/runtime/", "orbit_dagster/integrations/",
+             "orbit_dagster/workloads/",  # the shipped example scripts, run on the host like a user's
+             "orbit_dagster/providers/sim/host.py", "orbit_dagster/providers/ssh/host.py")
 
 
 def _files(root: Path, *patterns: str) -> list[Path]:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from cryptography.hazmat.primitives import serialization as S
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ...core.errors import ProviderError
 from .ec2 import Ec2Api
@@ -58,9 +60,6 @@ class HostKey:
 
 
 def new_ed25519(comment: str) -> HostKey:
-    from cryptography.hazmat.primitives import serialization as S
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
     key = Ed25519PrivateKey.generate()
     private = key.private_bytes(S.Encoding.PEM, S.PrivateFormat.OpenSSH, S.NoEncryption()).decode()
     public = key.public_key().public_bytes(S.Encoding.OpenSSH, S.PublicFormat.OpenSSH).decode()

@@ -9,6 +9,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import boto3
+from botocore.config import Config
+
 from ...core.errors import ResourceNotFound
 from .errors import aws_errors
 
@@ -25,9 +28,6 @@ class Ec2Api:
     @property
     def client(self) -> Any:
         if self._client is None:
-            import boto3
-            from botocore.config import Config
-
             session = self._session or boto3.session.Session()
             config = Config(retries={"mode": "standard", "max_attempts": self.max_attempts}, connect_timeout=10,
                             read_timeout=60, user_agent_extra="orbit-dagster")

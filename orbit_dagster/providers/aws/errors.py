@@ -19,6 +19,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Iterator
 
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    NoRegionError,
+    PartialCredentialsError,
+    ProxyConnectionError,
+    ReadTimeoutError,
+)
+
 from ...core.errors import AuthError, NetworkError, NoCapacity, ProviderError, QuotaExceeded, ResourceNotFound, Throttled
 from ..base import Notice
 
@@ -63,14 +76,6 @@ _RETRYABLE_SERVER = {"InternalError", "InternalFailure", "ServiceUnavailable", "
 
 
 def _network_types() -> tuple[type[BaseException], ...]:
-    from botocore.exceptions import (
-        ConnectionClosedError,
-        ConnectTimeoutError,
-        EndpointConnectionError,
-        ProxyConnectionError,
-        ReadTimeoutError,
-    )
-
     return (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError,
             ProxyConnectionError)
 
@@ -111,8 +116,6 @@ def _clip(text: str, limit: int = 300) -> str:
 
 def translate(exc: BaseException, *, operation: str, provider: str = "aws") -> ProviderError:
     """The orbit error for a botocore exception (or one it caused, e.g. an S3 StoreError)."""
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError, PartialCredentialsError
-
     if isinstance(exc, ProviderError):
         return exc
     vendor = next((e for e in _cause_chain(exc) if isinstance(e, (ClientError, BotoCoreError))), exc)
@@ -162,8 +165,6 @@ def request_status_error(code: str, message: str, *, operation: str, provider: s
 @contextmanager
 def aws_errors(operation: str, provider: str = "aws") -> Iterator[None]:
     """Run AWS calls; any botocore error leaves as the orbit error (vendor error as __cause__)."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     try:
         yield
     except (ClientError, BotoCoreError) as exc:

@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from ...core.host_contract import EVENTS_FILE, STEP_EVENTS, read_file
+from ...core.process_tree import HOST_TAG, kill_tagged
 from ..jsonfiles import write_json
 
 TICK_S = 0.05
@@ -108,6 +109,7 @@ class Host:
         env = {k: v for k, v in os.environ.items() if k in set(launch.get("forward_env", []))}
         env.update(launch["env"])
         env["PATH"] = os.environ.get("PATH", "")
+        env[HOST_TAG] = str(self.root)  # inherited by everything the agent starts (core/process_tree.py)
         log = open(self.work / "agent.log", "ab")
         self.child = subprocess.Popen(  # argv list, never a shell string
             launch["argv"], cwd=launch["cwd"], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
@@ -116,6 +118,9 @@ class Host:
 
     def reap(self) -> None:
         if self.child is not None and self.child.poll() is not None and not (self.root / "child_exit.json").exists():
+            # The agent is gone: so is everything it started (a rank in its own session, a
+            # script whose agent was killed), as on a machine whose workload ended.
+            kill_tagged(HOST_TAG, str(self.root))
             try:
                 write_json(self.root / "child_exit.json", {"returncode": self.child.returncode, "at": time.time()})
             except OSError:  # a full disk: tried again at the next tick
@@ -130,6 +135,7 @@ class Host:
         except subprocess.TimeoutExpired:
             self.child.kill()
             self.child.wait()
+        kill_tagged(HOST_TAG, str(self.root))
         self.reap()
 
     def shutdown(self, status: str, reason: str, *, wipe: bool) -> None:

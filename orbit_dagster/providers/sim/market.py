@@ -18,7 +18,9 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 
-from ...catalog.traces import Trace, load_trace, next_available, reclaim_offsets
+from ...catalog.gce import price_history
+from ...catalog.reclaim_model import generate_trace, load_reclaim_model
+from ...catalog.traces import Trace, cyclic_time, load_trace, next_available, reclaim_offsets
 from ...core.errors import NoCapacity, OrbitError
 from ...core.offers import Offer
 
@@ -51,8 +53,6 @@ class MarketConfig:
 
 @lru_cache(maxsize=8)
 def load_traces_for(names: tuple[str, ...]) -> list[Trace]:
-    from ...catalog.reclaim_model import generate_trace, load_reclaim_model
-
     out = []
     for name in names:
         if name.startswith("generated:"):
@@ -96,7 +96,9 @@ class TraceReclaims:
         if not offer.spot:
             return None  # on-demand capacity: always there, never reclaimed
         trace, shift = self._zone(offer)
-        t = (self.config.market_time(start_wall) + shift) % trace.duration_s
+        # the market replays its traces cyclically, as orbit simulate does (catalog.traces._Cycle)
+        p = self.config.market_time(start_wall) + shift
+        t = cyclic_time(trace, p if p >= 0 else p % trace.duration_s)
         avail = next_available(trace, t, cyclic=True)
         if avail is None or avail > t:
             wait = None if avail is None else (avail - t) / self.config.scale
@@ -150,8 +152,6 @@ def ensure_market(sim_dir: Path, *, trace_dir: str | None, scale: float, notice_
 def price_feed(config: MarketConfig, offers: list[Offer], since_wall: float | None, now_wall: float) -> list[dict]:
     """Price ticks of the offers between two wall times: the real GCE price history,
     replayed at `price_days_per_wall_s` days per wall second from the market's epoch."""
-    from ...catalog.gce import price_history
-
     start_hist = datetime(2024, 1, 1, tzinfo=timezone.utc).timestamp()
 
     def hist_time(wall: float) -> float:

@@ -21,14 +21,17 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
 
+from ...catalog.gce import gce_offers
 from ...core.errors import NoCapacity, ResourceNotFound
 from ...core.execution import Resources
 from ...core.host_contract import Checkpoint, Entry
 from ...core.offers import Offer
+from ...core.process_tree import HOST_TAG, kill_tagged
 from ..base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
 from ..common import agent_argv, offer_fits, read_event_file
 from ..jsonfiles import read_json as _read_json
 from ..jsonfiles import write_json
+from .market import price_feed
 
 HEARTBEAT_STALE_S = 10.0
 
@@ -65,8 +68,6 @@ class NoReclaims:
 @lru_cache(maxsize=1)
 def default_offers() -> tuple[Offer, ...]:
     """GCE GPU offers at the latest shipped price, relabelled as the sim market's."""
-    from ...catalog.gce import gce_offers
-
     out = []
     for o in gce_offers():
         if o.usd_per_gpu_second_spot is None:
@@ -191,6 +192,7 @@ class SimProvider:
         """SIGKILL what is left of a vanished host: its process group's members that run
         from its directory (the group outlives a host process killed on its own)."""
         pgid, token = state.get("pid"), str(self._dir(instance_id)).encode()
+        kill_tagged(HOST_TAG, str(self._dir(instance_id)))  # what left the group (torchrun's ranks): by its tag
         if not pgid:
             return
         for proc in Path("/proc").iterdir():
@@ -316,8 +318,6 @@ class SimProvider:
         """The real GCE price history of the offers, replayed on the market clock."""
         if self.market is None:
             return []
-        from .market import price_feed
-
         wanted = set(offer_ids) if offer_ids is not None else None
         offers = [o for o in self.list_offers() if wanted is None or o.offer_id in wanted]
         ticks = price_feed(self.market, offers, since.timestamp() if since else None, time.time())

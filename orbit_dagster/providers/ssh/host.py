@@ -140,6 +140,24 @@ def _run_pids(run_dir):
     return out
 
 
+HOST_TAG = "ORBIT_HOST_TAG"  # core/process_tree.py's name: this helper runs alone (python -S), it imports nothing
+
+
+def _kill_tagged(run_dir):
+    """SIGKILL every process whose environment holds ORBIT_HOST_TAG=run_dir: what the agent
+    started and what left the wrapper's group (torchrun starts each rank in its own session)."""
+    entry = ("%s=%s" % (HOST_TAG, run_dir)).encode()
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(os.path.join("/proc", name, "environ"), "rb") as fh:
+                if entry in fh.read().split(b"\0"):
+                    os.kill(int(name), signal.SIGKILL)
+        except (IOError, OSError):
+            continue
+
+
 def _signal_run(run_dir, sig):
     wrapper, agent = _run_pids(run_dir)
     if wrapper is None and agent is None:
@@ -162,6 +180,7 @@ def lease_close(req):
         while any(_run_pids(run_dir)) and time.time() < deadline:
             time.sleep(0.05)
         _signal_run(run_dir, signal.SIGKILL)
+    _kill_tagged(run_dir)  # nothing of the run outlives its lease
     if lease.get("stopped_at") is None:
         lease.update(stopped_at=time.time(), reason=req.get("reason") or "terminated")
         _write_json(_lease_path(req), lease)
@@ -249,6 +268,7 @@ def run(run_dir):
     env = dict((k, v) for k, v in os.environ.items() if k in keep)
     env.update(spec["env"])
     env.update(secrets)
+    env[HOST_TAG] = run_dir  # inherited by everything the agent starts
     try:
         child = subprocess.Popen(spec["argv"], cwd=spec["cwd"], env=env, close_fds=True)
     except OSError as exc:
@@ -263,6 +283,7 @@ def run(run_dir):
         except OSError as exc:  # EINTR on old Pythons
             if exc.errno != errno.EINTR:
                 raise
+    _kill_tagged(run_dir)  # the agent is gone: so is everything it started, in whatever session
     _write_json(os.path.join(run_dir, "wrapper_exit.json"), {"returncode": rc, "at": time.time()})
     return 0
 
@@ -292,7 +313,7 @@ def imds_notice(req):
     For an EC2 host: what the agent polls, read by the control plane too (IMDSv2 token
     first; an endpoint that serves only v1 answers the plain GET).
     """
-    import urllib.request
+    import urllib.request  # lazy: 0.1 s (http, ssl), and this helper runs once per remote call; only this one reads a URL
 
     base, headers = req["url"].rstrip("/"), {}
     try:

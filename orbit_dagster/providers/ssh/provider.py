@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import stat
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -379,8 +380,6 @@ class SshProvider:
 
 # ---- small helpers ------------------------------------------------------------------
 def _is_file(attr: paramiko.SFTPAttributes) -> bool:
-    import stat
-
     return attr.st_mode is not None and stat.S_ISREG(attr.st_mode)
 
 

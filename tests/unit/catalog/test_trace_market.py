@@ -6,17 +6,19 @@ import json
 import pytest
 
 from orbit_dagster.catalog.trace_market import CLOUD_NOTICE_S, parse_trace_name, trace_market
-from orbit_dagster.catalog.traces import Trace, load_trace
+from orbit_dagster.catalog.traces import Trace, load_trace, record_name_convention
 from orbit_dagster.core.errors import OrbitError
 
 
 def _trace(name, data=(1, 1, 0, 1), prices=None, metadata=None) -> Trace:
+    """A trace of the shared data set (its name convention recorded, as loading it there does)."""
     kind = "multinode" if max(data) > 1 else ("preemption" if prices else "availability")
-    return Trace(name=name, gap_seconds=60.0, data=tuple(data), prices=prices, kind=kind, metadata=metadata or {})
+    return record_name_convention(Trace(name=name, gap_seconds=60.0, data=tuple(data), prices=prices, kind=kind,
+                                        metadata=metadata or {}))
 
 
-def _market(t: Trace):
-    return trace_market(t, default_spot_usd_per_hour=0.5, default_on_demand_usd_per_hour=2.0)
+def _market(t: Trace, cloud: str | None = None):
+    return trace_market(t, default_spot_usd_per_hour=0.5, default_on_demand_usd_per_hour=2.0, cloud=cloud)
 
 
 @pytest.mark.parametrize("name, cloud, itype, nodes", [
@@ -51,16 +53,16 @@ def test_a_multi_node_trace_is_a_gang_of_all_its_nodes():
     m = _market(_trace("aws-2023-08-27_us-west-2a_v100_16node", data=(16, 15, 16, 0)))
     assert m.nodes == 16 and m.gpus == 16
     # unnamed multi-node traces: the largest count seen
-    assert _market(_trace("x", data=(4, 3, 4, 0))).nodes == 4
-    assert _market(_trace("x", data=(4, 3), metadata={"nodes": 2})).nodes == 2
+    assert _market(_trace("x", data=(4, 3, 4, 0)), cloud="aws").nodes == 4
+    assert _market(_trace("x", data=(4, 3), metadata={"nodes": 2}), cloud="aws").nodes == 2
     with pytest.raises(OrbitError) as err:
-        _market(_trace("x", metadata={"nodes": 0}))
+        _market(_trace("x", metadata={"nodes": 0}), cloud="aws")
     assert err.value.field == "metadata.nodes"
 
 
 def test_unknown_traces_are_replayed_with_labelled_assumptions():
-    m = _market(_trace("synthetic-seed1", prices=(0.7, 0.7, 0.7, 0.7)))
-    assert m.cloud is None and m.notice_s == 120.0 and "assumed" in m.sources["notice"]
+    m = _market(_trace("synthetic-seed1", prices=(0.7, 0.7, 0.7, 0.7), metadata={"cloud": "aws"}))
+    assert m.cloud == "aws" and m.notice_s == 120.0 and m.sources["cloud"] == "the trace's metadata.cloud"
     assert "assumed" in m.sources["on_demand"] and m.sources["spot"] == "the trace's own prices field"
     assert m.spot_from_trace and m.spot_price(_trace("s", prices=(0.7, 0.8, 0.7, 0.7)), 1) == 0.8
 
@@ -70,6 +72,6 @@ def test_metadata_from_the_file_overrides_the_name(tmp_path):
     p.write_text(json.dumps({"metadata": {"gap_seconds": 30, "cloud": "gcp", "instance_type": "c3-highcpu-88",
                                           "nodes": 2, "ignored": 1}, "data": [2, 2, 1, 2]}))
     t = load_trace(p)
-    assert t.metadata == {"cloud": "gcp", "instance_type": "c3-highcpu-88", "nodes": 2}
+    assert t.metadata == {"cloud": "gcp", "instance_type": "c3-highcpu-88", "nodes": 2, "dataset": tmp_path.name}
     m = _market(t)
     assert (m.cloud, m.notice_s, m.nodes, m.instance_type) == ("gcp", 30.0, 2, "c3-highcpu-88")

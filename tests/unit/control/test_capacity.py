@@ -57,3 +57,29 @@ def test_trainings_leave_the_reserve_to_evaluations(ledger):
     assert room.may_eval("sim")  # the fourth instance is the evaluations'
     room.evals["sim"].add("c|s")
     assert not room.may_eval("sim")
+
+
+def test_an_evaluation_leaves_the_slot_a_queued_training_needs(ledger):
+    room = capacity(ledger, LIMITS, [])  # j0, j1 train; j2 is QUEUED with no run yet
+    assert room.held("sim") == 2 and room.train_room("sim") == 1
+    assert room.may_eval("sim")  # two free slots, one is j2's
+    room.evals["sim"].add("c|s")
+    assert not room.may_eval("sim") and room.may_train("sim")  # the last free slot waits for j2
+    room.trains["sim"].add("j2")  # j2 got its run: nothing waits, the pool is full
+    assert room.train_room("sim") == 0 and not room.may_eval("sim")
+
+
+def test_a_lost_attempt_about_to_resume_keeps_its_slot_from_evaluations(ledger):
+    with ledger.write() as tx:
+        tx.execute("UPDATE jobs SET state = 'LOST' WHERE job_id = 'j1'")  # reclaimed: it resumes next
+    room = capacity(ledger, LIMITS, [{POOL_TAG: "sim", "orbit/kind": "eval", "orbit/checkpoint": "j3/a1/4",
+                                      "orbit/suite": "s", "orbit/job": "j3"}])
+    assert room.held("sim") == 2 and room.train_room("sim") == 2  # j1 (LOST) and j2 (QUEUED)
+    assert not room.may_eval("sim") and room.may_train("sim")
+    assert room.evaluating_job("j3", "s") and not room.evaluating_job("j3", "other")
+
+
+def test_trainings_go_ahead_of_evaluations_in_dagsters_queue():
+    from orbit_dagster.control.capacity import run_priority
+
+    assert run_priority("train", 2) > run_priority("train", 1) > run_priority("eval") == 0

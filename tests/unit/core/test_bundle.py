@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -25,10 +28,23 @@ def test_layout_and_manifest(bundle):
     assert "artifacts" not in " ".join(manifest["files"])
 
 
-def test_the_host_contract_travels_in_the_bundle_and_nothing_else_of_core(bundle):
+def test_the_host_contract_and_the_interval_rule_travel_in_the_bundle_and_nothing_else_of_core(bundle):
     core = bundle.path / "runtime" / "orbit_dagster" / "core"
-    assert sorted(f.name for f in core.iterdir()) == ["__init__.py", "host_contract.py"]
+    assert sorted(f.name for f in core.iterdir()) == ["__init__.py", "errors.py", "host_contract.py", "interval.py",
+                                                       "placeholders.py", "process_tree.py"]
     assert "runtime/orbit_dagster/core/host_contract.py" in json.loads((bundle.path / "manifest.json").read_text())["files"]
+
+
+def test_the_command_runner_and_the_integrations_import_from_the_bundle_alone(bundle):
+    """What a host runs for a command workload (the runner, its core parts, the script's
+    stdlib helpers) is in the bundle: imported from there, not from this checkout."""
+    runtime = bundle.path / "runtime"
+    code = ("import orbit_dagster.runtime.command as c, orbit_dagster.integrations.env as e, "
+            "orbit_dagster.core.placeholders as p; print(c.__file__, e.__file__, p.__file__)")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(runtime)},
+                         capture_output=True, text=True, cwd=bundle.path)
+    assert out.returncode == 0, out.stderr
+    assert all(path.startswith(str(runtime)) for path in out.stdout.split())
 
 
 def test_job_json_freezes_template_request_and_provenance(bundle):

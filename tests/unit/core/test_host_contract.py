@@ -26,6 +26,8 @@ SAMPLES: dict[str, H.HostEvent] = {e.KIND: e for e in (
                  attempt=2, weights_sha256="b" * 64, parent="file:///s/job-a/step-000000004-a1", train_loss=2.4,
                  save_seconds=0.01, blocked_seconds=0.01, write_seconds=0.005, source="metadata",
                  changed_fraction=0.25, changed_measure="bytes", delta_of="file:///s/job-a/step-000000004-a1"),
+    H.Interval(step=8, next_step=20, steps=12, age_s=960.0, policy="orbit", reason="the policy's interval",
+               cadence_steps=50, interval_s=57.6, policy_steps=12, work_left_s=1000.0, step_s=4.8),
     H.Notice(source="sigterm", deadline=None, received_at=1_790_000_000.5),
     H.Evaluation(metrics={"eval/loss": 1.9}, checkpoint="file:///s/job-a/step-000000008-a2"),
     H.Exit(code=75, failure_class="reclaim", reason="reclaim notice", seconds=12.5, last_step=8),
@@ -166,12 +168,17 @@ def test_the_contract_is_stdlib_only_and_core_init_imports_nothing():
     assert _imports(CORE / "host_contract.py") <= {"__future__", "json", "math", "types", "typing", "dataclasses",
                                                   "pathlib"}
     assert _imports(CORE / "__init__.py") == set()
+    assert _imports(CORE / "placeholders.py") <= {"__future__", "json", "string"}
 
 
-def test_the_host_side_imports_nothing_of_core_but_the_contract():
-    """A bundle carries core/__init__.py and host_contract.py only (core/bundle.py)."""
+def test_the_host_side_imports_nothing_of_core_but_what_travels():
+    """A bundle carries core/__init__.py, host_contract.py and placeholders.py only (core/bundle.py)."""
+    from orbit_dagster.core.bundle import RUNTIME_CORE_FILES, RUNTIME_PACKAGES
+
     pkg = CORE.parent
-    for path in [*(pkg / "runtime").glob("*.py"), *(pkg / "storage").glob("*.py")]:
+    shipped = {"core." + f.removesuffix(".py") for f in RUNTIME_CORE_FILES if f != "__init__.py"}
+    for path in [p for name in RUNTIME_PACKAGES for p in (pkg / name).glob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.level >= 2 and (node.module or "").startswith("core"):
-                assert node.module == "core.host_contract", f"{path.name} imports {node.module}"
+                modules = {node.module} if node.module != "core" else {f"core.{a.name}" for a in node.names}
+                assert modules <= shipped, f"{path.name} imports {node.module}"

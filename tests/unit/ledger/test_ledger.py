@@ -182,6 +182,25 @@ def test_cost_views_sum_to_the_bill_with_waste_and_overhead_lines(tmp_path):
     assert job["wasted_gpu_seconds"] == 1.0 and job["eval_usd"] == 0  # never NULL (NaN in pandas)
 
 
+def test_cost_by_job_sets_eval_dollars_beside_train_dollars_and_their_ratio(tmp_path):
+    from orbit_dagster.ledger.queries import cost_table
+
+    ledger = fresh(tmp_path)
+    new_job(ledger)
+    new_job(ledger, "imported")
+    lines = [("j", "train", "j/a1/10", 4.0), ("j", "eval", "j/a1/10", 1.0), ("imported", "eval", "imported/a1/5", 0.5)]
+    ledger.commit({"costs": [{"cost_id": f"i:{n}", "instance_id": "i", "job_id": job, "attempt": 1, "kind": kind,
+                              "checkpoint_key": key, "seconds": usd, "usd": usd, "gpu_count": 1}
+                             for n, (job, kind, key, usd) in enumerate(lines)]})
+    rows = {r["job_id"]: r for r in ledger.rows("SELECT job_id, train_usd, eval_usd, eval_per_train FROM cost_by_job")}
+    assert rows["j"] == {"job_id": "j", "train_usd": 4.0, "eval_usd": 1.0, "eval_per_train": 0.25}
+    assert rows["imported"]["eval_per_train"] is None  # no training bill: no ratio
+    table = cost_table(ledger, "job")  # what `orbit cost --by job` prints
+    assert list(table.columns[3:7]) == ["usd", "train_usd", "eval_usd", "eval_per_train"]
+    # The same view in the DuckDB face (`orbit sql`, `duckdb ledger.duckdb`).
+    assert ledger.query("SELECT eval_per_train FROM cost_by_job WHERE job_id = 'j'")["eval_per_train"][0] == 0.25
+
+
 def test_a_metric_read_twice_is_recorded_once(tmp_path):
     ledger = fresh(tmp_path)
     point = {"job_id": "j", "run_id": "j#1", "step": 5, "name": "train/loss", "value": 2.5, "source": "train", "ts": now()}

@@ -21,7 +21,8 @@ M = model()
 def trace_file(tmp_path):
     t = generate_trace(M, 21, 3 * 86400, 60)
     p = tmp_path / "synthetic.json"
-    p.write_text(json.dumps({"metadata": {"gap_seconds": t.gap_seconds}, "data": list(t.data), "prices": list(t.prices)}))
+    p.write_text(json.dumps({"metadata": {"gap_seconds": t.gap_seconds, "cloud": "aws"}, "data": list(t.data),
+                             "prices": list(t.prices)}))
     return p
 
 

@@ -167,3 +167,28 @@ def test_deadline_setups_price_the_whole_gang():
                             emergency_save_s=None, mtbf_s=3600, spot_usd_per_hour=1.0, od_usd_per_hour=3.0, nodes=3)
     assert gang.od_cost == pytest.approx(3 * one.od_cost) and gang.spot_cost[0] == pytest.approx(3 * one.spot_cost[0])
     assert all(one.avail) and not all(gang.avail)  # a tick with 2 of 3 nodes has no spot for the gang
+
+
+def test_the_availability_the_control_plane_feeds_the_planner_learns_from_its_reclaims():
+    """control/deadline.choose's estimate: the prior, moved by the fleet's up-time and reclaims."""
+    from orbit_dagster.catalog.reclaim_model import load_reclaim_model
+    from orbit_dagster.policy.deadline_plan import MarkovAvailability
+
+    m = load_reclaim_model()
+    prior = MarkovAvailability.from_model(m, 180.0)
+    calm = MarkovAvailability.from_exposure(m, 180.0, reclaims=0, exposure_s=100 * 3600.0)
+    stormy = MarkovAvailability.from_exposure(m, 180.0, reclaims=50, exposure_s=10 * 3600.0)
+    assert calm.q10 < prior.q10 < stormy.q10
+    assert calm.q01 == prior.q01 == stormy.q01  # down-time is not in the record: the prior's
+    same = MarkovAvailability.from_model(m, 180.0)
+    same.observe([True] * 200 + [False])  # the trace feed's way: 200 up ticks, one reclaim
+    assert MarkovAvailability.from_exposure(m, 180.0, reclaims=1, exposure_s=200 * 180.0).q10 == same.q10
+
+
+def test_a_window_past_the_trace_end_goes_on_where_the_trace_is_up():
+    """The window wraps as the cyclic replay does: from the trace's first up tick, not its start."""
+    t = make_trace([0] * 10 + [1] * 20 + [0] * 3 + [1] * 10, gap=300)  # ends up, starts down (50 min)
+    s = setup_from_trace(t, start_tick=33, work_s=3600, deadline_s=4 * 3600, changeover_s=300, notice_s=120,
+                         save_s=60, emergency_save_s=None, mtbf_s=7200, spot_usd_per_hour=0.9, od_usd_per_hour=3.0)
+    # 10 up ticks to the end, then 20 up (ticks 10-29), 3 down, ...: never the 10 leading down ticks
+    assert s.avail[:30] == (True,) * 30 and s.avail[30:33] == (False,) * 3 and s.avail[33:43] == (True,) * 10

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from orbit_dagster.catalog.traces import Trace
+from orbit_dagster.catalog.traces import Trace, record_name_convention
 from orbit_dagster.core.offers import Offer
 from orbit_dagster.policy.checkpointing import FixedInterval, NoCheckpoint, OrbitInterval, make_strategy
 from orbit_dagster.policy.compare import simulate_trace, summarise
@@ -20,7 +20,8 @@ M = model()
 def _gang_trace(name: str = "aws-2023-08-27_us-west-2a_v100_3node") -> Trace:
     # 3 nodes up for 60 ticks, one node lost for 10 ticks (a reclaim for the gang, not for one node), ...
     data = (3,) * 60 + (2,) * 10 + (3,) * 60 + (0,) * 10 + (3,) * 200
-    return Trace(name=name, gap_seconds=60.0, data=data, prices=None, kind="multinode")
+    # a trace of the shared data set, its name convention recorded as loading it there does
+    return record_name_convention(Trace(name=name, gap_seconds=60.0, data=data, prices=None, kind="multinode"))
 
 
 def test_an_n_node_trace_needs_all_n_nodes():
@@ -44,11 +45,14 @@ def test_same_trace_same_numbers():
 
 def test_each_cloud_gets_its_own_notice_and_its_own_prices_by_default():
     bits = ([1] * 50 + [0] * 5) * 8
-    aws = simulate_trace(make_trace(bits, name="aws-2023-01-01_us-east-1a_v100_1"), job_hours=2, starts=2, model=M)
-    gcp = simulate_trace(make_trace(bits, name="gcp-2023-01-01_us-east1-b_c3-88"), job_hours=2, starts=2, model=M)
+    def shared(name: str) -> Trace:
+        return record_name_convention(make_trace(bits, name=name))
+
+    aws = simulate_trace(shared("aws-2023-01-01_us-east-1a_v100_1"), job_hours=2, starts=2, model=M)
+    gcp = simulate_trace(shared("gcp-2023-01-01_us-east1-b_c3-88"), job_hours=2, starts=2, model=M)
     assert (aws["notice_seconds"], gcp["notice_seconds"]) == (120.0, 30.0)
     assert gcp["market"]["spot_usd_per_hour_per_node"] == pytest.approx(0.344256)
-    given = simulate_trace(make_trace(bits, name="gcp-2023-01-01_us-east1-b_c3-88"), job_hours=2, starts=2, model=M,
+    given = simulate_trace(shared("gcp-2023-01-01_us-east1-b_c3-88"), job_hours=2, starts=2, model=M,
                            notice_seconds=120)
     assert given["notice_seconds"] == 120 and given["assumptions"]["notice"] == "given"
     rows = {r["policy"]: r for r in gcp["results"]}

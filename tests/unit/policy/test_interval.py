@@ -7,7 +7,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from orbit_dagster.core.errors import OrbitError
-from orbit_dagster.policy.interval import (
+from orbit_dagster.core.interval import (
     EMERGENCY_MARGIN,
     age_aware_interval,
     checkpoint_interval,

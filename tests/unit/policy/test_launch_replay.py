@@ -27,18 +27,29 @@ def two_attempts(**first):
     return replay_control(TRACE, OFFER, JOB, launches, model=model())
 
 
-def test_the_interval_is_decided_once_per_launch_and_saved_at_its_multiples():
+def test_the_interval_is_decided_at_dispatch_then_again_at_each_durable_save_as_the_instance_ages():
     out = two_attempts()
     first, second = out["attempts"]
     # dispatch's question, asked by hand: age 0, the work left from the resume step
     m = model()
-    expect = OrbitInterval.for_offer(OFFER, save_s=5.0, notice_s=120.0, model=m, rates=RateBook(model=m),
-                                     notices=NoticeReliability()).decide(age_s=0.0, work_left_s=10000.0)
+    policy = OrbitInterval.for_offer(OFFER, save_s=5.0, notice_s=120.0, model=m, rates=RateBook(model=m),
+                                     notices=NoticeReliability())
+    expect = policy.decide(age_s=0.0, work_left_s=10000.0)
     assert first["interval_s"] == expect["interval_s"]
     n = first["interval_steps"]
     assert n == round(expect["interval_s"] / 10.0)
     durable = [c["step"] for c in first["checkpoints"] if c["tier"] == "durable"]
-    assert durable == list(range(n, 558, n))  # every multiple before the emergency one
+    # the first save on the launch interval's grid; each later one where the agent's decision at
+    # the save before put it: the policy asked again for the instance's age at that step
+    want, k = [], n
+    while k < 558:
+        want.append(k)
+        tau = policy.interval(300.0 + k * 10.0, (1000 - k) * 10.0)
+        k += max(1, round(tau / 10.0))
+    assert durable == want and len(durable) >= 3
+    gaps = [b - a for a, b in zip(durable, durable[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] > n  # older instances save less often
+    assert [d["step"] for d in first["decisions"]] == durable
     # the notice comes at 5880 s, when step 558 ends: the agent saves there and stops
     assert first["checkpoints"][-1] == {"step": 558, "at": 300.0 + 558 * 10.0, "tier": "emergency"}
     assert (first["end"], first["caught"], first["lost_steps"], first["reclaim_at"]) == ("reclaim", True, 0, 6000.0)
@@ -50,6 +61,12 @@ def test_the_interval_is_decided_once_per_launch_and_saved_at_its_multiples():
     steps = [c["step"] for c in second["checkpoints"]]
     assert steps[0] == (558 // n2 + 1) * n2 and steps[-1] == 1000 and second["end"] == "finished"
     assert out["finished"] and out["migrations"] == 0 and out["switches"] == []
+
+
+def test_the_ages_the_agent_measured_replace_the_modelled_ones():
+    n = two_attempts()["attempts"][0]["interval_steps"]
+    first = two_attempts(decision_ages={n: 4000.0})["attempts"][0]
+    assert first["decisions"][0]["age_s"] == 4000.0 and first["decisions"][0]["model_age_s"] == 300.0 + n * 10.0
 
 
 def test_a_notice_before_the_workload_leaves_nothing_to_save():

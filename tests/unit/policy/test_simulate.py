@@ -86,3 +86,14 @@ def test_orbit_warm_up_sees_only_the_past():
     assert s.estimator.reclaims == 0 and s.estimator.exposure_s == 0
     warm_up(s, t, 600.0)  # edges at 60, 180, ..., 540 s: five reclaims, 300 s of up-time
     assert s.estimator.reclaims == 5 and s.estimator.exposure_s == pytest.approx(300)
+
+
+def test_the_cyclic_replay_invents_no_reclaim_where_the_trace_ends_up_and_starts_down():
+    """Up for the trace's last 3 hours, down for its first 2: a job that runs past the end goes
+    on at the trace's first up tick, unreclaimed, and pays the prices of the ticks it runs on."""
+    t = make_trace([0, 0, 1, 1, 1], gap=3600, prices=[5.0, 5.0, 1.0, 2.0, 3.0])
+    job = JobParams(work_s=4 * 3600 - 1, notice_s=120, start_s=2 * 3600, save_s=0, restore_s=0,
+                    spot_usd_per_hour=9.0)
+    r = replay(t, FixedInterval(10**6), job)
+    assert r.finished and r.reclaims == 0 and r.sessions == 1
+    assert r.cost_usd == pytest.approx(1.0 + 2.0 + 3.0 + 1.0 * (3600 - 1) / 3600)  # ticks 2, 3, 4, then 2 again

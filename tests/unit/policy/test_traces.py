@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from orbit_dagster.catalog.traces import (
     TraceFormatError,
+    cyclic_ticks,
+    cyclic_time,
     find_trace_files,
     load_trace,
     next_available,
@@ -67,7 +69,7 @@ def test_reclaim_offsets_and_next_available_by_hand():
     assert next_available(t, 31) == 40
     assert next_available(t, 75) == 75
     assert next_available(t, 80) is None  # past the end
-    assert next_available(t, 80, cyclic=True) == 80 + 10  # wraps to the next pass's tick 1
+    assert next_available(t, 80, cyclic=True) == 80  # the next pass starts at the first up tick (1)
     assert reclaim_offsets(t, 10, 100) == [20, 40]
     assert reclaim_offsets(t, 10, 25) == [20]
 
@@ -112,3 +114,29 @@ def test_up_runs_cover_exactly_the_available_ticks(rs):
         for k in range(int(b), int(e)):
             covered[k] += 1
     assert covered == bits
+
+
+def test_a_cyclic_replay_joins_end_and_start_where_the_trace_is_up():
+    """A trace that ends up and starts down: the join is no reclaim (the trace has none there)."""
+    t = make_trace([0, 0, 1, 1, 0, 1, 1], gap=10)  # one reclaim, at 40 s; up at the end
+    # up 50-70, joined at tick 2 (20 s) and up on to the trace's reclaim at 40 s; each later pass
+    # (ticks 2 to 6, 50 s) the same
+    assert list(up_runs(t, 50, 200, cyclic=True)) == [(50, 90, True), (100, 140, True), (150, 190, True),
+                                                      (200, 240, True)]
+    assert reclaim_offsets(t, 50, 200, cyclic=True) == [40, 90, 140, 190]
+    assert cyclic_ticks(t, 5, 6) == [5, 6, 2, 3, 4, 5]
+    assert cyclic_time(t, 35) == 35 and cyclic_time(t, 75) == 25 and cyclic_time(t, 125) == 25
+    # a gang of 2 (never held) reads every pass whole, and is never up
+    assert next_available(t, 0, nodes=2, cyclic=True) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(runs, st.integers(min_value=0, max_value=60))
+def test_every_cyclic_reclaim_is_a_falling_edge_of_the_trace(rs, start):
+    bits = expand(rs)
+    t = make_trace(bits, gap=1)
+    start = start % len(bits)
+    edges_in_trace = {k for k in range(1, len(bits)) if bits[k - 1] and not bits[k]}
+    for off in reclaim_offsets(t, start, 4 * len(bits), cyclic=True):
+        k = round(start + off)
+        assert cyclic_ticks(t, k, 1)[0] in edges_in_trace  # never one the wrap made up

@@ -158,3 +158,18 @@ def test_emergency_is_a_delta_only_when_that_is_smaller(tmp_path):
     _, _, full = _emergency_after_sigterm(tmp_path / "all", "all")
     assert "delta_of" not in full and full["changed_fraction"] > 0.9
     assert full["changed_measure"] in ("bytes", "writes")  # "writes": no base kept once all of it changed
+
+
+def test_the_agent_takes_more_checkpoints_to_evaluate_after_its_first():
+    from orbit_dagster.providers.base import LaunchSpec
+    from orbit_dagster.providers.common import agent_argv
+    from orbit_dagster.runtime.agent import parse_args
+
+    spec = LaunchSpec(task="eval", store_uri="file:///s", eval_checkpoint="file:///c/4", eval_sha256="a" * 64,
+                      eval_more=(("file:///c/8", "b" * 64), ("file:///c/12", "c" * 64)))
+    args = parse_args(agent_argv(sys.executable, Path("/b"), Path("/w"), spec, None)[3:])
+    assert (args.checkpoint, args.expect_sha256) == ("file:///c/4", "a" * 64)
+    assert args.also_evaluate == [["file:///c/8", "b" * 64], ["file:///c/12", "c" * 64]]
+    one = parse_args(agent_argv(sys.executable, Path("/b"), Path("/w"), spec.model_copy(update={"eval_more": ()}),
+                                None)[3:])
+    assert one.also_evaluate == [] and one.checkpoint == "file:///c/4"  # `--checkpoint` alone, as before

@@ -13,10 +13,18 @@ tau ~ sqrt(2 delta M) - delta. Two things change that for spot instances:
   ``catalog.reclaim_model``): a fresh instance is the likeliest to die. The age-aware
   interval uses the expected number of reclaims over the next interval given the
   instance's age instead of a constant rate, so young instances checkpoint more often.
+
+``IntervalRule`` is the age-aware interval with its inputs fixed: what ``OrbitInterval``
+(policy/checkpointing.py) answers between two of its observations. It lives in core, with
+the formulas, because it travels in every bundle (core/bundle.py): the agent on a rented
+host asks it again after each durable save, as the instance ages, with the numbers the
+control plane gave it at launch; `orbit simulate` asks the same object through
+``OrbitInterval.interval``. Stdlib only.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 
 from orbit_dagster.core.errors import OrbitError
 
@@ -138,3 +146,49 @@ def age_aware_interval(age_s: float, mtbf_s: float, save_s: float, *, shape: flo
         if hi - lo < 0.5:
             break
     return min(max(0.5 * (lo + hi), min_s), max_s)
+
+
+@dataclass(frozen=True)
+class IntervalRule:
+    """The age-aware interval for fixed inputs (all in market seconds).
+
+    ``uncovered``: the share of reclaims a periodic checkpoint insures against (1 when no
+    emergency save fits the notice). ``interval`` is the policy's answer for an instance of
+    ``age_s`` with ``work_left_s`` to do: when the work left is shorter, run to the end.
+    """
+
+    mtbf_s: float
+    save_s: float
+    shape: float
+    uncovered: float
+    min_s: float = DEFAULT_MIN_S
+    max_s: float = math.inf
+
+    def interval(self, age_s: float, work_left_s: float = math.inf) -> float:
+        tau = age_aware_interval(age_s, self.mtbf_s, self.save_s, shape=self.shape,
+                                 min_s=min(self.min_s, self.max_s), max_s=self.max_s, uncovered=self.uncovered)
+        return work_left_s if work_left_s <= tau else tau
+
+    def as_record(self) -> dict:
+        """JSON-safe (an infinite bound is written as null)."""
+        return {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_record(cls, record: dict) -> "IntervalRule":
+        """The rule ``as_record`` wrote; a missing or wrong field is an OrbitError naming it."""
+        if not isinstance(record, dict):
+            raise OrbitError("an interval rule must be a mapping", field="rule", value=record,
+                             fix="pass IntervalRule.as_record()")
+        values = {}
+        for name, default in (("mtbf_s", None), ("save_s", None), ("shape", None), ("uncovered", None),
+                              ("min_s", DEFAULT_MIN_S), ("max_s", math.inf)):
+            v = record.get(name, default)
+            if v is None and name == "max_s":
+                v = math.inf
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+                raise OrbitError(f"interval rule field {name} must be a number", field=name, value=v,
+                                 fix="pass IntervalRule.as_record()")
+            values[name] = float(v)
+        _check("mtbf_s", values["mtbf_s"], positive=True)
+        _check("save_s", values["save_s"], positive=False)
+        return cls(**values)

@@ -1,0 +1,46 @@
+"""`orbit sim reclaim`: the embedded market's operator reclaims a job's instance on request.
+
+What a spot market does to a job at a moment nobody chooses, done when a person wants to see
+it: the notice (metadata endpoint and SIGTERM, as on AWS), then the instance gone after the
+notice. Only the embedded market takes such an order; a real cloud's reclaims are its own.
+"""
+from __future__ import annotations
+
+from ..core.errors import OrbitError
+from ..ledger import records as R
+from ..providers.base import RunHandle
+from ..providers.sim.provider import SimProvider
+from ..settings import Settings
+from .context import bundle_and_provider
+
+
+def force_reclaim(settings: Settings, job_id: str, *, at_step: int | None = None,
+                  notice_seconds: float | None = None) -> dict:
+    """Arm a reclaim of the instance running JOB's current attempt: now, or once its workload
+    reports training step `at_step`. Returns what was armed."""
+    if at_step is not None and (isinstance(at_step, bool) or not isinstance(at_step, int) or at_step < 0):
+        raise OrbitError(f"--at-step {at_step!r} is not a step", field="--at-step", value=at_step,
+                         fix="a training step: a whole number >= 0")
+    if notice_seconds is not None and not 0 < notice_seconds <= 3600:
+        raise OrbitError(f"--notice-seconds {notice_seconds} is out of range", field="--notice-seconds",
+                         value=notice_seconds, fix="seconds between the notice and the reclaim, in (0, 3600]")
+    ledger = settings.ledger()
+    job = R.require_job(ledger, job_id)
+    attempt = int(job["attempt"])
+    run = R.run(ledger, R.run_id_for(job_id, attempt))
+    if job["state"] != "RUNNING" or run is None or run["state"] != "RUNNING" or not run["handle"]:
+        raise OrbitError(f"job {job_id} is {job['state']}: only a job running on an instance can be reclaimed",
+                         field="job", value=job_id, fix=f"wait until `orbit status {job_id}` says RUNNING")
+    _, provider = bundle_and_provider(settings, ledger, job_id, attempt)
+    if not isinstance(provider, SimProvider):
+        raise OrbitError(f"job {job_id} runs on {type(provider).__name__}, not on the embedded market",
+                         field="job", value=job_id,
+                         fix="a reclaim can be forced on the simulated market only (placement: sim)")
+    instance = RunHandle.model_validate_json(run["handle"]).instance
+    notice = notice_seconds or provider.notice_seconds
+    if at_step is None:
+        provider.inject_reclaim(instance, in_seconds=notice, notice_seconds=notice)
+    else:
+        provider.inject_reclaim(instance, at_step=at_step, notice_seconds=notice)
+    return {"job": job_id, "attempt": attempt, "instance": instance.instance_id, "at_step": at_step,
+            "notice_seconds": notice}

@@ -1,0 +1,387 @@
+"""Command workloads: the agent runs any script's argv (docs/bring-your-own.md, Route 2).
+
+The script needs no orbit import. The agent gives it an environment (ORBIT_CHECKPOINT_DIR,
+ORBIT_RESUME_FROM, ...) and placeholders in its argv, copies every line it prints to the
+attempt's log (the agent's stdout), turns JSON metric lines (stdout or ORBIT_METRICS_FILE)
+into `metrics` events, registers each complete checkpoint the watcher finds in the checkpoint
+directory into the store, forwards a reclaim notice (the stop file, then `stop_signal`) and
+waits within the grace for the script to exit and its last checkpoint to land. The exit code
+is the agent's one taxonomy (runtime/agent.py).
+
+The script runs in the agent's process group (a sweep of the host's group reaches it) and
+dies with the agent: it is killed if still alive when the agent returns, and the kernel kills
+it if the agent itself is killed (PR_SET_PDEATHSIG, Linux).
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..core import placeholders, process_tree
+from ..core.host_contract import Checkpoint, Evaluation, Loaded, Metrics, Resumed
+from ..storage.base import MANIFEST, CheckpointManifest, StoreError, checkpoint_dir_name, sha256_bytes
+from .checkpoint_schedule import CheckpointSchedule
+from .exits import EXIT_OK, EXIT_USER_ERROR
+from .script_output import exit_code_for, metric_line
+from .watcher import CheckpointWatcher, Found
+
+STDERR_TAIL_LINES = 50
+MAX_LINE = 1 << 20  # bytes of one line read at a time: a longer one is log output in pieces
+POLL_S = 0.25
+KILL_MARGIN_S = 1.0  # before a notice's deadline: the script is killed this early, the agent reports
+
+
+class CommandError(Exception):
+    """A checkpoint that cannot be used by a command workload (not one it wrote)."""
+
+
+try:  # resolved here, not in the forked child (where another thread may have held a lock)
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: the agent's own kill on exit still holds
+    _PRCTL = None
+
+
+def _die_with_parent() -> None:  # in the child, before exec
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills the script when the agent dies
+
+
+def _entry_name(value: object) -> str:
+    """The name a script gave its checkpoint (from a manifest, i.e. from a host): one path component."""
+    name = str(value or "")
+    if not name or "/" in name or "\\" in name or name in (".", "..") or not name.isprintable() or len(name) > 255:
+        raise CommandError(f"checkpoint name {name[:80]!r} is not a file name")
+    return name
+
+
+def torchrun_argv(argv: list[str], processes: int) -> list[str]:
+    """The command under torchrun on this instance, one rank a process: a Python script
+    (`python train.py ...`, `python -m pkg ...`) as torchrun's own entrypoint, any other
+    program with `--no-python`. torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT and forwards a SIGTERM to every rank."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
+    if argv[0] != "python":
+        return [*launcher, "--no-python", *argv]
+    if len(argv) > 2 and argv[1] == "-m":
+        return [*launcher, "--module", *argv[2:]]
+    return [*launcher, *argv[1:]]
+
+
+class CommandRun:
+    """One run of a command (train, eval, custom or collect)."""
+
+    def __init__(self, *, job: dict, bundle: Path, workdir: Path, task: str, attempt: int, events, store, notices,
+                 checkpoint_every: int, resume_from: str | None, eval_checkpoint: str | None,
+                 expect_sha256: str | None, notice_grace: float, interval_plan: dict | None = None):
+        self.job, self.template = job, job["template_snapshot"]
+        self.job_id: str = job["job_id"]
+        self.bundle, self.task, self.attempt = bundle, task, attempt
+        self.kind = self.template.get("kind", "train") if task == "train" else "eval"
+        self.events, self.store, self.notices = events, store, notices
+        self.checkpoint_every, self.notice_grace = checkpoint_every, notice_grace
+        self.resume_from, self.eval_checkpoint, self.expect_sha256 = resume_from, eval_checkpoint, expect_sha256
+        self.workdir = workdir
+        self.home = workdir / "command" / f"{task}-a{attempt}"
+        shutil.rmtree(self.home, ignore_errors=True)  # never a file an earlier run left
+        self.checkpoint_dir = self.home / "checkpoints"
+        self.checkpoint_dir.mkdir(parents=True)
+        self.metrics_file = self.home / "metrics.jsonl"
+        self.metrics_file.touch()
+        self.stop_file = self.home / "stop"
+        self.config_file = self.home / "config.json"
+        self.config_file.write_text(json.dumps(self.template.get("config", {})))
+        self.schedule = CheckpointSchedule(checkpoint_every, interval_plan)  # re-decided at each durable save
+        self.schedule_file = self.home / "schedule.json"
+        self.schedule.publish(self.schedule_file)
+        ck = self.template.get("checkpoint", {})
+        self.watcher = CheckpointWatcher(self.checkpoint_dir, pattern=ck.get("pattern"),
+                                         complete_marker=ck.get("complete_marker"),
+                                         settle_seconds=float(ck.get("settle_seconds", 2.0)))
+        self.proc: subprocess.Popen | None = None
+        self.tag = f"{self.job_id}.{task}-a{attempt}.{uuid.uuid4().hex[:12]}"  # in every process the run starts
+        self.last_step: int | None = None
+        self.failure: str | None = None
+        self.eval_metrics: dict[str, float] = {}
+        self._losses: dict[int, float] = {}
+        self._stderr = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._lock = threading.Lock()
+        self._parent = resume_from
+        self._notice_at: float | None = None
+        self._kill_at: float | None = None
+        self._stopped = threading.Event()
+        # Metric events are written (fsynced) by a thread of their own: a chatty script never
+        # waits on the disk, its pipe is read as fast as it writes.
+        self._outbox: queue.Queue = queue.Queue()
+
+    # ---- argv and environment ---------------------------------------------------------
+    def argv(self, extra: dict[str, str]) -> list[str]:
+        argv = self.template["command"] if self.task == "train" else self.template["eval"]["command"]
+        values = {"checkpoint_dir": str(self.checkpoint_dir), "metrics_file": str(self.metrics_file),
+                  "job_id": self.job_id, "attempt": str(self.attempt), "checkpoint_every": str(self.checkpoint_every),
+                  "resume_from": "", **extra}
+        out = [placeholders.fill(a, values, self.template.get("config", {})) for a in argv]
+        processes = int(self.template.get("resources", {}).get("processes", 1))
+        if self.task == "train" and processes > 1:
+            return torchrun_argv(out, processes)
+        return [sys.executable if out[0] == "python" else out[0], *out[1:]]
+
+    def env(self, extra: dict[str, str]) -> dict[str, str]:
+        env = dict(os.environ)
+        runtime = str(self.bundle / "runtime")
+        env["PYTHONPATH"] = runtime + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.update({"ORBIT_JOB_ID": self.job_id, "ORBIT_ATTEMPT": str(self.attempt), "ORBIT_TASK": self.task,
+                    "ORBIT_CHECKPOINT_DIR": str(self.checkpoint_dir), "ORBIT_RESUME_FROM": "",
+                    "ORBIT_METRICS_FILE": str(self.metrics_file), "ORBIT_CHECKPOINT_EVERY": str(self.checkpoint_every),
+                    "ORBIT_CONFIG": str(self.config_file), "ORBIT_STOP_FILE": str(self.stop_file),
+                    "ORBIT_CHECKPOINT_SCHEDULE": str(self.schedule_file),
+                    process_tree.RUN_TAG: self.tag})
+        env.update(extra)
+        return env
+
+    # ---- checkpoints in and out ---------------------------------------------------------
+    def _rebuild(self, uri: str, purpose: str) -> Path:
+        """Fetch and verify a registered checkpoint; lay it out as the script wrote it."""
+        from .sdk import CheckpointMismatch  # lazy: sdk imports torch (3 s); a script may not use torch at all
+
+        staging = self.home / f"{purpose}-fetch"
+        manifest = self.store.fetch(uri, staging)  # every file against its sha256
+        if self.expect_sha256 and manifest.digest != self.expect_sha256:
+            raise CheckpointMismatch(f"checkpoint {uri} has digest {manifest.digest[:12]}, the ledger recorded "
+                                     f"{self.expect_sha256[:12]}")
+        meta = manifest.meta or {}
+        # "command": written by a command workload; "hf": a Hugging Face directory imported with
+        # `orbit import-run` (control/import_hf.py), laid out the same way.
+        if meta.get("format") not in ("command", "hf") or meta.get("layout") not in ("file", "dir"):
+            raise CommandError(f"checkpoint {uri} was not written by a command workload (format "
+                               f"{meta.get('format')!r}); it cannot be handed to this script")
+        name = _entry_name(meta.get("name"))
+        (staging / MANIFEST).unlink()
+        dest = self.checkpoint_dir.parent / purpose / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(staging / name) if meta["layout"] == "file" else str(staging), str(dest))
+        shutil.rmtree(staging, ignore_errors=True)
+        kind = Resumed if purpose == "resume" else Loaded
+        self.events.emit(kind(uri=uri, step=manifest.step, tier=manifest.tier))
+        return dest
+
+    def _files_of(self, found: Found) -> dict[str, bytes]:
+        if found.layout == "file":
+            return {found.name: found.path.read_bytes()}
+        return {str(f.relative_to(found.path)): f.read_bytes() for f in sorted(found.path.rglob("*")) if f.is_file()}
+
+    def _train_loss(self, step: int) -> float | None:
+        with self._lock:
+            steps = [s for s in self._losses if s <= step]
+            return self._losses[max(steps)] if steps else None
+
+    def register(self, found: Found) -> None:
+        began = time.perf_counter()
+        tier = "emergency" if self._notice_at is not None else "durable"
+        try:
+            files = self._files_of(found)
+            manifest = CheckpointManifest(
+                job_id=self.job_id, step=found.step, tier=tier,
+                files={rel: {"sha256": sha256_bytes(b), "bytes": len(b)} for rel, b in files.items()},
+                parent=self._parent, created_at=datetime.now(timezone.utc).isoformat(), attempt=self.attempt,
+                meta={"layout": found.layout, "name": found.name, "format": "command",
+                      "metrics": {k: v for k, v in [("train/loss", self._train_loss(found.step))] if v is not None}})
+            uri = self.store.put(self.job_id, checkpoint_dir_name(found.step, self.attempt), files, manifest)
+        except (OSError, StoreError) as exc:  # the script's files, not ours: logged, the run goes on
+            print(f"orbit agent: checkpoint {found.name} (step {found.step}) was not stored: {exc}", flush=True)
+            return
+        parent, self._parent = self._parent, uri
+        self.events.emit(Checkpoint(
+            step=found.step, tier=tier, uri=uri, sha256=manifest.digest, bytes=manifest.total_bytes,
+            attempt=self.attempt, parent=parent, train_loss=self._train_loss(found.step),
+            write_seconds=round(time.perf_counter() - began, 6),
+            source=self.notices.source if tier == "emergency" else None))
+        decided = self.schedule.after_save(found.step) if tier == "durable" else None
+        if decided is not None:
+            self.events.emit(decided)
+            self.schedule.publish(self.schedule_file)
+
+    # ---- output ---------------------------------------------------------------------
+    def on_line(self, text: str) -> None:
+        parsed = metric_line(text)
+        if parsed is None:
+            return
+        step, values, failure = parsed
+        with self._lock:
+            if failure:
+                self.failure = failure
+            if self.kind == "eval":
+                self.eval_metrics.update(values)  # the last value of each name wins
+                return
+            if step is None:
+                step = self.last_step
+            if step is None or not values or self.kind == "custom":
+                return
+            self.last_step = step if self.last_step is None else max(self.last_step, step)
+            self.schedule.saw_step(step)
+            loss = values.get("train/loss", values.get("loss"))
+            if loss is not None:
+                self._losses[step] = loss
+                if len(self._losses) > 10_000:
+                    del self._losses[min(self._losses)]
+        self._outbox.put(Metrics(step=step, values=values))
+
+    def _emit_metrics(self) -> None:
+        while (event := self._outbox.get()) is not None:
+            self.events.emit(event)
+    def _pump(self, stream, sink, keep: bool) -> None:
+        for raw in iter(lambda: stream.readline(MAX_LINE), b""):
+            text = raw.decode("utf-8", errors="replace")
+            sink.write(text if text.endswith("\n") else text + "\n")
+            sink.flush()
+            if keep:
+                self._stderr.append(text)
+            else:
+                self.on_line(text)
+
+    def _tail_metrics(self) -> None:
+        offset = 0
+        while True:
+            stopping = self._stopped.is_set()  # then one last read: whatever the script appended
+            try:
+                with open(self.metrics_file, "rb") as fh:
+                    fh.seek(offset)
+                    chunk = fh.read(4 << 20)
+            except OSError:
+                chunk = b""
+            end = chunk.rfind(b"\n") + 1
+            for line in chunk[:end].splitlines():
+                self.on_line(line.decode("utf-8", errors="replace"))
+            offset += end
+            if stopping:
+                return
+            self._stopped.wait(POLL_S)
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(POLL_S):
+            for found in self.watcher.poll():
+                self.register(found)
+
+    # ---- notice ---------------------------------------------------------------------
+    def on_notice(self, notice: dict) -> None:
+        """Tell the script (stop file, then its stop signal) and set the kill time."""
+        self._notice_at = time.time()
+        deadline = notice.get("deadline")
+        grace = (deadline - time.time() - KILL_MARGIN_S) if deadline else self.notice_grace
+        self._kill_at = time.time() + max(grace, 1.0)
+        try:
+            self.stop_file.touch()
+        except OSError:
+            pass
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.send_signal(getattr(signal, self.template.get("stop_signal", "SIGTERM")))
+            except ProcessLookupError:
+                pass
+
+    # ---- the run --------------------------------------------------------------------
+    def run(self) -> tuple[int, str]:
+        extra: dict[str, str] = {}
+        if self.task == "eval":
+            if not self.eval_checkpoint:
+                return EXIT_USER_ERROR, "an eval task needs --checkpoint"
+            path = str(self._rebuild(self.eval_checkpoint, "eval"))
+            extra = {"checkpoint_path": path}
+            env_extra = {"ORBIT_EVAL_CHECKPOINT": path}
+        elif self.resume_from:
+            path = str(self._rebuild(self.resume_from, "resume"))
+            extra = {"resume_from": path}
+            env_extra = {"ORBIT_RESUME_FROM": path}
+        else:
+            env_extra = {}
+        argv = self.argv(extra)
+        print(f"orbit agent: running {argv!r} in {self.bundle / 'scripts'}", flush=True)
+        try:
+            self.proc = subprocess.Popen(argv, cwd=self.bundle / "scripts", env=self.env(env_extra),
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         preexec_fn=_die_with_parent)
+        except OSError as exc:
+            return EXIT_USER_ERROR, f"the command {argv[0]!r} cannot be started: {exc.strerror or exc}"
+        if self.notices.pending:  # a notice before the script started: tell it now
+            self.on_notice(self.notices.notice or {})
+        threads = [threading.Thread(target=self._pump, args=(self.proc.stdout, sys.stdout, False), daemon=True),
+                   threading.Thread(target=self._pump, args=(self.proc.stderr, sys.stderr, True), daemon=True)]
+        if self.kind != "custom":
+            threads.append(threading.Thread(target=self._tail_metrics, daemon=True))
+        watch = threading.Thread(target=self._watch, daemon=True) if self.kind == "train" else None
+        emitter = threading.Thread(target=self._emit_metrics, daemon=True)
+        for t in threads + ([watch] if watch else []) + [emitter]:
+            t.start()
+        try:
+            returncode, killed_by_us = self._wait()
+        finally:
+            self.kill()
+        self._stopped.set()
+        for t in threads + ([watch] if watch else []):
+            t.join(10)  # a child of the script may hold the pipes open: never wait for ever
+        self._outbox.put(None)
+        emitter.join()
+        if self.kind == "train":
+            for found in self.watcher.settle_after_exit(killed=returncode < 0 or killed_by_us):
+                self.register(found)
+        code, reason = exit_code_for(returncode, noticed=self._notice_at is not None, failure=self.failure,
+                                     stderr_tail="".join(self._stderr))
+        if code == EXIT_OK and self.kind == "eval":
+            if not self.eval_metrics:
+                return EXIT_USER_ERROR, "the eval command printed no metrics (a JSON line such as {\"eval/loss\": 1.2})"
+            self.events.emit(Evaluation(metrics=self.eval_metrics, checkpoint=self.eval_checkpoint))
+        if code == EXIT_OK and self.kind == "collect":
+            self.collect()
+        return code, reason
+
+    def _wait(self) -> tuple[int, bool]:
+        killed = False
+        while True:
+            try:
+                return self.proc.wait(timeout=POLL_S), killed
+            except subprocess.TimeoutExpired:
+                if self._kill_at is not None and time.time() >= self._kill_at and not killed:
+                    print("orbit agent: the script did not exit within the notice's grace; killed", flush=True)
+                    self.proc.kill()
+                    killed = True
+
+    def kill(self) -> None:
+        """No script outlives its attempt: nor any process it started, in whatever session
+        (torchrun starts each rank in one of its own): all carry the run's tag."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        process_tree.kill_tagged(process_tree.RUN_TAG, self.tag)
+
+    def collect(self) -> None:
+        """`kind: collect`: what the script wrote under the checkpoint directory, stored as one
+        artifact set (not a checkpoint: nothing resumes from it, nothing evaluates it) and
+        listed in the attempt's artifacts as `collected.json`."""
+        files = {str(f.relative_to(self.checkpoint_dir)): f.read_bytes()
+                 for f in sorted(self.checkpoint_dir.rglob("*")) if f.is_file()}
+        listing = {rel: {"sha256": sha256_bytes(b), "bytes": len(b)} for rel, b in files.items()}
+        manifest = CheckpointManifest(job_id=self.job_id, step=self.last_step or 0, tier="artifact", files=listing,
+                                      created_at=datetime.now(timezone.utc).isoformat(), attempt=self.attempt,
+                                      meta={"format": "command", "layout": "dir", "name": "collected"})
+        uri = self.store.put(self.job_id, f"collected-a{self.attempt}", files, manifest) if files else None
+        record = {"uri": uri, "sha256": manifest.digest if files else None, "files": listing}
+        (self.workdir / "artifacts" / "collected.json").write_text(json.dumps(record, indent=1))
+
+
+def is_command(template: dict, task: str) -> bool:
+    if task == "eval":
+        return bool((template.get("eval") or {}).get("command"))
+    return template.get("command") is not None
+
