@@ -3,6 +3,7 @@ import warnings
 
 import dagster as dg
 
+from .assets.advice import advice
 from .assets.best import best_checkpoint
 from .assets.catalog import offer_catalog
 from .assets.checks import CHECKS
@@ -29,7 +30,7 @@ warnings.filterwarnings("ignore", message="Parameter `owners` of initializer `Se
 
 defs = dg.Definitions(
     assets=[training_run, checkpoint, evaluation, best_checkpoint, cost_summary, cost_efficiency,
-            offer_catalog],
+            advice, offer_catalog],
     asset_checks=CHECKS,
     jobs=[train_job, eval_job, best_job, cost_job, cost_insight_job, discovery_job, submit_job, retry_job, cancel_job, rental_job],
     schedules=[offer_discovery_schedule, cost_insight_schedule],

@@ -29,5 +29,5 @@ cost_job = dg.define_asset_job("cost_job", selection=dg.AssetSelection.assets("c
                                tags={"orbit/kind": "cost"}, executor_def=EXECUTOR)
 # What a team reads to decide where to run (docs/cost.md): refreshed daily and on demand, not
 # after every stop (the face's DuckDB process and the advice's replays cost seconds).
-cost_insight_job = dg.define_asset_job("cost_insight_job", selection=dg.AssetSelection.assets("cost_efficiency"),
+cost_insight_job = dg.define_asset_job("cost_insight_job", selection=dg.AssetSelection.assets("cost_efficiency", "advice"),
                                        tags={"orbit/kind": "cost"}, executor_def=EXECUTOR)

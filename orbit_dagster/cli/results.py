@@ -79,6 +79,21 @@ def cost(by: str, experiment: str | None, job_id: str | None, as_json: bool) -> 
 
 
 @click.command()
+@click.option("--experiment", default=None, help="only this experiment's jobs (default: all)")
+@click.option("--last", type=int, default=10, show_default=True, help="the last N finished jobs")
+@click.option("--json", "as_json", is_flag=True)
+def advise(experiment: str | None, last: int, as_json: bool) -> None:
+    """Which offers' share of the work to raise or lower, and what it would have saved on the last N jobs:
+    each offer's recorded spot availability replayed with the policy production runs (as `orbit simulate`);
+    refused (exit 2) on too little history. docs/cost.md says how to read it."""
+    from ..control.advice import advise as make_advice
+    from .advise import advice_text
+
+    doc = make_advice(load_settings(), experiment=experiment, last=last)
+    click.echo(json.dumps(doc, indent=2, default=str) if as_json else advice_text(doc))
+
+
+@click.command()
 @click.argument("query")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--timeout", "timeout_s", type=float, default=None, metavar="SECONDS",

@@ -1,4 +1,4 @@
-"""Daily cost insight: the cost-efficiency view (and the advice built on it) refreshed."""
+"""Daily cost insight: the cost-efficiency view and the advice built on it, refreshed."""
 import dagster as dg
 
 from ..jobs import cost_insight_job
@@ -9,5 +9,6 @@ cost_insight_schedule = dg.ScheduleDefinition(
     cron_schedule="0 7 * * *",
     execution_timezone="UTC",
     default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Refreshes cost_efficiency every day (docs/cost.md); materialise it from the UI for a fresh one.",
+    description="Refreshes cost_efficiency and advice every day (docs/cost.md); materialise them from the UI for "
+                "fresh ones.",
 )
