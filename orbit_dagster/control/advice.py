@@ -41,6 +41,7 @@ from ..policy.offer_choice import RESTORE_PRIOR_S
 from ..providers.sim.market import read_market
 from ..providers.sim.provider import default_offers
 from ..settings import Settings
+from .discovery import read_catalog
 from .placement import measured_save_seconds
 from .recorded import OfferRecord, gamma_interval, offer_records, write_trace
 from .trends import offer_trends
@@ -165,7 +166,7 @@ def _advice(settings: Settings, ledger: Ledger, scope: str, jobs: list[str], wor
         offers[-1]["forecast"] = trends[offer_id]
     best = min((o for o in offers if o["simulated"]["finished"] == o["simulated"]["jobs"]),
                key=lambda o: (o["simulated"]["cost_usd"], o["offer_id"]), default=None)
-    catalog = _unrecorded(gpu, gpus, set(same), {r.provider for r in same.values()})
+    catalog = _unrecorded(settings, gpu, gpus, set(same), {r.provider for r in same.values()})
     doc = {
         "scope": {"of": scope, "jobs": len(jobs), "job_ids": jobs, "gpu": gpu, "gpus_per_instance": gpus,
                   "mean_job_hours": mean_h, "policy": POLICY, "starts": starts},
@@ -247,14 +248,20 @@ def _rec(action: str, o: dict, best: dict, saved: float, low: float, high: float
             "confidence": "high" if confident else "low: the saving is within the uncertainty; more history settles it"}
 
 
-def _unrecorded(gpu: str, gpus: int, recorded: set[str], providers: set[str]) -> list[dict]:
+def _unrecorded(settings: Settings, gpu: str, gpus: int, recorded: set[str], providers: set[str]) -> list[dict]:
     """Offers of the shape, from the same providers, that the ledger never rented (cheapest first,
-    at most 5): the embedded market's own, and the catalog's (GCE, AWS)."""
-    rows = []
-    candidates = [*(default_offers() if "sim" in providers else ()),
-                  *(o for o in list_offers() if o.provider in providers)]
-    for o in candidates:
-        if o.gpu == gpu and o.gpu_count == gpus and o.offer_id not in recorded and o.usd_per_gpu_second_spot:
-            rows.append({"offer_id": o.offer_id, "usd_per_gpu_hour_spot": round(o.usd_per_gpu_second_spot * 3600, 6),
-                         "reason": "no recorded availability in the ledger: rent it to learn its reclaims"})
+    at most 5): from the stored catalog that discovery keeps (control/discovery.py), else the
+    embedded market's own offers and the shipped catalog's."""
+    stored = read_catalog(settings)
+    if stored is not None:
+        candidates = [(r["offer_id"], r["provider"], r["gpu"], r["gpu_count"], r.get("usd_per_gpu_hour_spot"))
+                      for r in stored["offers"]]
+    else:
+        offers = [*(default_offers() if "sim" in providers else ()), *list_offers()]
+        candidates = [(o.offer_id, o.provider, o.gpu, o.gpu_count,
+                       None if o.usd_per_gpu_second_spot is None else o.usd_per_gpu_second_spot * 3600) for o in offers]
+    rows = [{"offer_id": offer_id, "usd_per_gpu_hour_spot": round(price, 6),
+             "reason": "no recorded availability in the ledger: rent it to learn its reclaims"}
+            for offer_id, provider, g, n, price in candidates
+            if provider in providers and g == gpu and n == gpus and offer_id not in recorded and price]
     return sorted(rows, key=lambda r: (r["usd_per_gpu_hour_spot"], r["offer_id"]))[:5]
