@@ -6,11 +6,17 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+def _usd(x: float) -> str:
+    """Dollars to 3 significant digits (a compressed market's bills are fractions of a cent), sign first."""
+    return f"{'-' if x < 0 else ''}${abs(x):.3g}"
+
+
 def advice_text(doc: dict) -> str:
     s = doc["scope"]
     lines = [f"advice on {s['of']}: the last {s['jobs']} finished jobs on {s['gpu']} x{s['gpus_per_instance']} "
              f"({s['mean_job_hours']:.3g} h of useful work each on average), replayed with the {s['policy']} policy "
-             f"on each offer's recorded spot availability ({s['starts']} starts per offer)", ""]
+             f"on each offer's recorded spot availability ({s['starts']} starts per offer; hours, rates and $/h in "
+             "market time)", ""]
     head = ["offer", "share", "up h", "reclaims", "/h (90% interval)", "$/h", "$/job replayed", "finished"]
     rows = [head]
     for o in doc["offers"]:
@@ -18,7 +24,7 @@ def advice_text(doc: dict) -> str:
         sim = o["simulated"]
         rows.append([o["offer_id"], _pct(o["share"]), f"{o['exposure_hours']:.2f}", str(o["reclaims"]),
                      f"{o['reclaims_per_hour']:.3g} ({lo:.3g}-{hi:.3g})", f"{o['usd_per_hour']:.4g}",
-                     f"{sim['cost_usd']:.4f}", f"{sim['finished']}/{sim['jobs']}"])
+                     _usd(sim["cost_usd"]), f"{sim['finished']}/{sim['jobs']}"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for j, r in enumerate(rows):
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
@@ -32,8 +38,8 @@ def advice_text(doc: dict) -> str:
         verb = {"raise": "raise", "lower": "lower", "keep": "keep"}[r["action"]]
         lo, hi = r["saved_interval"]
         lines.append(f"{verb} {r['offer_id']} from {_pct(r['share'])} to {_pct(r['to_share'])} of the work: "
-                     f"would have saved ${r['saved_usd']:.4f} on these {r['jobs']} jobs "
-                     f"(${lo:.4f} to ${hi:.4f}; confidence {r['confidence']})")
+                     f"would have saved {_usd(r['saved_usd'])} on these {r['jobs']} jobs "
+                     f"({_usd(lo)} to {_usd(hi)}; confidence {r['confidence']})")
         lines.append(f"  evidence: {r['evidence']}")
         lines.append(f"  uncertainty: {r['uncertainty']}")
     if doc.get("refused"):

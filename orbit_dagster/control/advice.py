@@ -13,10 +13,11 @@ that offer's replayed cost per job, against all of it on the cheapest offer whos
 jobs all finished.
 
 Evidence and uncertainty: each offer's exposure and reclaims, with the exact 90% interval of
-its reclaim rate (Poisson); the replayed cost per job at the ends of those intervals scales
-its overhead (checkpoints, restarts, lost work) in proportion to the rate, an approximation
-that says how far the saving could move with the reclaim rates the history allows. Where
-that range includes no saving, the recommendation says its confidence is low.
+its reclaim rate (Poisson); the replayed cost per job at the ends of those intervals adds or
+removes the reclaims a job would see there, each at the replay's own cost per reclaim (its
+restarts after the first and its lost work; a restore and a save where it saw none), an
+approximation that says how far the saving could move with the reclaim rates the history
+allows. Where that range includes no saving, the recommendation says its confidence is low.
 
 Refused (an OrbitError, exit 2 in the CLI) without enough history: `MIN_JOBS` finished jobs
 of one shape, and at least two offers of that shape with `MIN_EXPOSURE_H` hours (and at
@@ -192,8 +193,8 @@ def _replay(settings: Settings, ledger: Ledger, rec: OfferRecord, job_hours: flo
     row = result["results"][0]
     rate = rec.reclaims / rec.exposure_h
     low, high = gamma_interval(rec.reclaims, rec.exposure_h, LEVEL)
-    central = (rec.reclaims + 0.5) / rec.exposure_h  # the scale's centre: finite with no reclaim too
-    useful = row["cost_usd"] - row["overhead_usd"]
+    per_reclaim = reclaim_cost(row, result["market"], rec.usd_per_hour, restore_s, save_s)
+    held_h = row["paid_gpu_hours"] / _gpus(result["market"])  # instance-hours a replayed job held
     return {
         "offer_id": rec.offer_id, "provider": rec.provider, "share": round(share, 6),
         "usd_per_hour": round(rec.usd_per_hour, 6), "instances": len(rec.sessions),
@@ -203,9 +204,24 @@ def _replay(settings: Settings, ledger: Ledger, rec: OfferRecord, job_hours: flo
         "simulate": simulate_line(path, job_hours, save_s, restore_s, notice_s, starts),
         "simulated": {k: row[k] for k in ("cost_usd", "overhead_usd", "goodput", "reclaims", "finished", "jobs",
                                           "wasted_gpu_hours")},
-        "cost_interval": [round(useful + row["overhead_usd"] * low / central, 6),
-                          round(useful + row["overhead_usd"] * high / central, 6)],
+        # The replayed cost with as many reclaims as a job would see at the rate interval's ends.
+        "cost_interval": [round(row["cost_usd"] + (r * held_h - row["reclaims"]) * per_reclaim, 6) for r in (low, high)],
+        "usd_per_reclaim": round(per_reclaim, 6),
     }
+
+
+def _gpus(market: dict) -> int:
+    return int(market.get("nodes") or 1) * max(int(market.get("gpus_per_node") or 1), 1)
+
+
+def reclaim_cost(row: dict, market: dict, usd_per_hour: float, restore_s: float, save_s: float) -> float:
+    """What one more reclaim costs a replayed job: the replay's own restarts after the first and
+    its lost work, per reclaim; a restore and a save at the offer's price where it saw none."""
+    if row["reclaims"] > 0:
+        hours = (row["restart_overhead_gpu_hours"] / _gpus(market) - restore_s / 3600.0
+                 + row["wasted_gpu_hours"] / _gpus(market))
+        return max(hours, 0.0) / row["reclaims"] * usd_per_hour
+    return (restore_s + save_s) / 3600.0 * usd_per_hour
 
 
 def simulate_line(path: Path, job_hours: float, save_s: float, restore_s: float, notice_s: float, starts: int) -> str:
@@ -234,18 +250,23 @@ def _rec(action: str, o: dict, best: dict, saved: float, low: float, high: float
     sim = o["simulated"]
     evidence = (f"{o['offer_id']}: {o['reclaims']} reclaim(s) in {o['exposure_hours']:.2f} h of recorded spot up-time "
                 f"({o['instances']} instance(s)); replayed with the {POLICY} policy on that record: "
-                f"${sim['cost_usd']:.4f} per job, goodput {sim['goodput']:.3f}, {sim['finished']}/{sim['jobs']} "
+                f"{_usd(sim['cost_usd'])} per job, goodput {sim['goodput']:.3f}, {sim['finished']}/{sim['jobs']} "
                 f"finished; reproduce: {o['simulate']}")
     lo_r, hi_r = o["rate_interval"]
     uncertainty = (f"reclaim rate {o['reclaims_per_hour']:.3g}/h, {LEVEL:.0%} interval {lo_r:.3g}-{hi_r:.3g}/h "
-                   f"(Poisson, from {o['reclaims']} reclaim(s)); with each offer's rate at its interval's ends "
-                   f"(overhead scaled in proportion, an approximation) the saving is ${low:.4f} to ${high:.4f}")
+                   f"(Poisson, from {o['reclaims']} reclaim(s)); with as many reclaims per job as each offer's "
+                   f"interval's ends give, each at its replay's cost per reclaim (an approximation), the saving is "
+                   f"{_usd(low)} to {_usd(high)}")
     confident = low > 0 if action != "keep" else True
     target = 1.0 if o is best else 0.0
     return {"action": action, "offer_id": o["offer_id"], "share": o["share"], "to_share": target,
             "saved_usd": round(saved, 6), "saved_interval": [round(low, 6), round(high, 6)], "jobs": jobs,
             "evidence": evidence, "uncertainty": uncertainty,
             "confidence": "high" if confident else "low: the saving is within the uncertainty; more history settles it"}
+
+
+def _usd(x: float) -> str:
+    return f"{'-' if x < 0 else ''}${abs(x):.3g}"
 
 
 def _unrecorded(settings: Settings, gpu: str, gpus: int, recorded: set[str], providers: set[str]) -> list[dict]:

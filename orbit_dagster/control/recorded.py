@@ -4,7 +4,9 @@ The ledger knows, per offer, every billed spot instance: when it started and sto
 whether an attempt on it was lost to a reclaim. Laid end to end, in market time, those
 lifetimes are the offer's recorded availability:
 
-- each instance contributes its up-time as up ticks (its price per tick: what it was billed);
+- each instance contributes its up-time as up ticks at its price per hour (on a compressed
+  market, the embedded one at `ORBIT_SIM_SCALE`, per hour of market time: a replay's dollars
+  are what the market's hours would cost at that price, the scale times its wall-second bill);
 - an instance that ended in a reclaim is followed by down ticks: until the next instance of
   that offer started, at most `DOWN_CAP_S` (the fitted reclaim model's mean down-time: the
   ledger cannot tell how long the market stayed dry when nothing asked it), at least one tick;
@@ -45,7 +47,7 @@ class Session:
     start_s: float  # market seconds (wall seconds x the market's time scale)
     end_s: float
     reclaimed: bool
-    usd_per_hour: float  # the instance's price
+    usd_per_hour: float  # the instance's price per hour
 
 
 @dataclass
@@ -71,7 +73,7 @@ class OfferRecord:
 
     @property
     def usd_per_hour(self) -> float:
-        """The instance price it was last rented at."""
+        """The price it was last rented at, per hour."""
         return self.sessions[-1].usd_per_hour if self.sessions else 0.0
 
 
