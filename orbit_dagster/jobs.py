@@ -27,3 +27,7 @@ discovery_job = dg.define_asset_job("discovery_job", selection=["offer_catalog"]
 cost_job = dg.define_asset_job("cost_job", selection=dg.AssetSelection.assets("cost_summary")
                                | dg.AssetSelection.checks(every_checkpoint_evaluated),
                                tags={"orbit/kind": "cost"}, executor_def=EXECUTOR)
+# What a team reads to decide where to run (docs/cost.md): refreshed daily and on demand, not
+# after every stop (the face's DuckDB process and the advice's replays cost seconds).
+cost_insight_job = dg.define_asset_job("cost_insight_job", selection=dg.AssetSelection.assets("cost_efficiency", "advice"),
+                                       tags={"orbit/kind": "cost"}, executor_def=EXECUTOR)

@@ -1,10 +1,11 @@
-"""`cost_summary`: cost attribution tables from the ledger, and the check that they add up."""
+"""Cost assets: `cost_summary` (attribution tables and the check that they add up) and
+`cost_efficiency` (what each offer's dollars bought in effective compute, docs/cost.md)."""
 
 import dagster as dg
 
 from ..ledger.queries import billed_usd, cost_table
 from ..resources import OrbitResource
-from .metadata import table
+from .metadata import bars_svg, table
 
 MONEY = "float"
 CHECK = dg.AssetCheckSpec("cost_equals_bill", asset="cost_summary",
@@ -53,4 +54,52 @@ def cost_summary(context: dg.AssetExecutionContext, orbit: OrbitResource) -> dg.
         check_results=[dg.AssetCheckResult(check_name=CHECK.name, passed=gap <= 1e-9 * max(billed, 1.0),
                                            metadata={"billed_usd": billed, "attributed_usd": total,
                                                      "by_checkpoint_usd": lines, "difference_usd": gap})],
+    )
+
+
+EFFICIENCY_CHECK = dg.AssetCheckSpec("efficiency_equals_bill", asset="cost_efficiency",
+                                     description="The per-offer rows sum to what the providers billed.")
+EFFICIENCY_DESCRIBED = {
+    "instance_hours": "billed instance time", "gpu_hours": "instance time x GPUs", "usd": "what was paid",
+    "wasted_usd": "work lost after the last checkpoint of a lost attempt",
+    "recovery_usd": "wasted work + restores of resumed attempts",
+    "useful_gpu_hours": "GPU-hours attributed to checkpoints and evaluations, less restores",
+    "tflops_per_gpu": "dense TFLOP/s per GPU (see tflops_source)",
+    "tflops_source": "probe (measured on the instance), catalog measured, catalog spec, or unknown",
+    "effective_tflop_hours": "useful GPU-hours x TFLOP/s per GPU",
+    "usd_per_effective_tflop_hour": "usd / effective_tflop_hours",
+    "interruptions_per_hour": "reclaims per instance-hour", "recovery_share": "recovery_usd / usd",
+}
+
+
+@dg.asset(
+    deps=[dg.AssetDep("training_run", partition_mapping=dg.AllPartitionMapping()),
+          dg.AssetDep("evaluation", partition_mapping=dg.AllPartitionMapping())],
+    group_name="cost",
+    kinds={"duckdb"},
+    check_specs=[EFFICIENCY_CHECK],
+    description="Per provider, offer and GPU model: hours, $ paid and wasted, effective TFLOP-hours, $ per effective "
+                "TFLOP-hour, interruptions per hour, recovery overhead (the face's cost_efficiency view; docs/cost.md).",
+)
+def cost_efficiency(context: dg.AssetExecutionContext, orbit: OrbitResource) -> dg.MaterializeResult:  # noqa: ARG001
+    ledger = orbit.settings().ledger()
+    frame = cost_table(ledger, "provider")
+    billed = billed_usd(ledger)
+    total = float(frame["usd"].sum()) if len(frame) else 0.0
+    gap = abs(total - billed)
+    known = frame[frame["usd_per_effective_tflop_hour"].notna()] if len(frame) else frame
+    bars = [(r["offer_id"], float(r["usd_per_effective_tflop_hour"])) for r in known.to_dict("records")]
+    metadata = {
+        "billed_usd": dg.MetadataValue.float(round(billed, 8)),
+        "offers": len(frame),
+        "by_offer": _table(frame, EFFICIENCY_DESCRIBED),
+    }
+    if bars:
+        metadata["usd_per_effective_tflop_hour"] = dg.MetadataValue.md(
+            f"![$ per effective TFLOP-hour by offer](data:image/svg+xml;base64,"
+            f"{bars_svg(bars, unit='$ per effective TFLOP-hour')})")
+    return dg.MaterializeResult(
+        metadata=metadata,
+        check_results=[dg.AssetCheckResult(check_name=EFFICIENCY_CHECK.name, passed=gap <= 1e-9 * max(billed, 1.0),
+                                           metadata={"billed_usd": billed, "rows_usd": total, "difference_usd": gap})],
     )

@@ -76,3 +76,28 @@ def loss_svg(points: list[dict], width: int = 480, height: int = 200, pad: int =
            f'<text x="4" y="{pad - 8}">train/loss {y1:.3g}</text>'
            f'<text x="4" y="{height - pad + 12}">{y0:.3g}</text>' + "".join(lines) + "</svg>")
     return base64.b64encode(svg.encode()).decode()
+
+
+def bars_svg(bars: list[tuple[str, float]], *, unit: str, width: int = 560, bar: int = 18) -> str:
+    """A horizontal bar chart (label, value), one bar per row in the given order, base64 SVG."""
+    label_w, pad = 250, 8
+    height = pad * 2 + bar * max(len(bars), 1) + 16
+    top = max((v for _, v in bars if math.isfinite(v)), default=0.0) or 1.0
+    scale = (width - label_w - 2 * pad - 70) / top
+    parts = []
+    for i, (label, value) in enumerate(bars):
+        y = pad + i * bar
+        w = value * scale if math.isfinite(value) else 0.0
+        shown = label if len(label) <= 38 else label[:37] + "…"
+        parts.append(f'<text x="{label_w - 4}" y="{y + bar - 5}" text-anchor="end">{_xml(shown)}</text>'
+                     f'<rect x="{label_w}" y="{y + 2}" width="{w:.1f}" height="{bar - 4}" fill="#2563eb">'
+                     f'<title>{_xml(label)}: {value:.6g} {_xml(unit)}</title></rect>'
+                     f'<text x="{label_w + w + 4:.1f}" y="{y + bar - 5}">{value:.4g}</text>')
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+           f'font-size="11"><rect width="100%" height="100%" fill="white"/>' + "".join(parts)
+           + f'<text x="{label_w}" y="{height - 4}">{_xml(unit)}</text></svg>')
+    return base64.b64encode(svg.encode()).decode()
+
+
+def _xml(text: str) -> str:
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")

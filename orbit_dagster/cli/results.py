@@ -56,23 +56,41 @@ def metric_set(name: str, mode: str, experiment: str | None, project: str | None
 
 
 @click.command()
-@click.option("--by", type=click.Choice(["job", "experiment", "checkpoint"]), default="job", show_default=True)
+@click.option("--by", type=click.Choice(["job", "experiment", "checkpoint", "provider"]), default="job",
+              show_default=True, help="provider: per provider, offer and GPU model, with $ per effective "
+                                      "TFLOP-hour, interruptions per hour and recovery overhead")
 @click.option("--experiment", default=None, help="only this experiment's jobs")
 @click.option("--job", "job_id", default=None, help="only this job")
 @click.option("--json", "as_json", is_flag=True)
 def cost(by: str, experiment: str | None, job_id: str | None, as_json: bool) -> None:
     """Cost attributed per job, experiment or checkpoint; waste and overhead are their own lines; the
-    lines sum to the bill (instances still running are billed when they stop)."""
+    lines sum to the bill (instances still running are billed when they stop). `--by provider`:
+    what each offer's dollars bought in effective compute (docs/cost.md)."""
     from ..ledger import queries as Q
 
     ledger = load_settings().ledger()
     df = Q.cost_table(ledger, by, experiment=experiment, job=job_id)
-    print_df(df, as_json)
+    print_df(df if as_json or by != "provider" else df.round(6), as_json)
     if not as_json:
         running = Q.running_instances(ledger, experiment=experiment, job=job_id)
         billed = Q.billed_usd(ledger, experiment=experiment, job=job_id)
         click.echo(f"total ${float(df['usd'].sum()) if len(df) else 0.0:.6f} = billed ${billed:.6f}"
                    + (f"; {running} instance(s) still running, billed when they stop" if running else ""))
+
+
+@click.command()
+@click.option("--experiment", default=None, help="only this experiment's jobs (default: all)")
+@click.option("--last", type=int, default=10, show_default=True, help="the last N finished jobs")
+@click.option("--json", "as_json", is_flag=True)
+def advise(experiment: str | None, last: int, as_json: bool) -> None:
+    """Which offers' share of the work to raise or lower, and what it would have saved on the last N jobs:
+    each offer's recorded spot availability replayed with the policy production runs (as `orbit simulate`);
+    refused (exit 2) on too little history. docs/cost.md says how to read it."""
+    from ..control.advice import advise as make_advice
+    from .advise import advice_text
+
+    doc = make_advice(load_settings(), experiment=experiment, last=last)
+    click.echo(json.dumps(doc, indent=2, default=str) if as_json else advice_text(doc))
 
 
 @click.command()

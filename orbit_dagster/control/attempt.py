@@ -25,6 +25,7 @@ from ..core.host_contract import (
     Notice,
     Probe,
     Progress,
+    Rebalance,
     Rejected,
     Resumed,
     Started,
@@ -43,9 +44,9 @@ from .dispatch import dispatch
 from .recovery import after_failure, recover_lost
 
 FINAL_RUN_STATES = {"SUCCEEDED", "FAILED", "LOST", "CANCELLED"}
-# What a host's `started`, `notice`, `probe` and `resumed` lines become in the ledger: a
+# What a host's `started`, `notice`, `rebalance`, `probe` and `resumed` lines become in the ledger: a
 # `host_<kind>` event with the record's fields (the dispatcher and the observations read them).
-NOTED = (Started, Notice, Probe, Resumed)
+NOTED = (Started, Notice, Rebalance, Probe, Resumed)
 
 
 def _when(ev: HostEvent) -> datetime:

@@ -8,13 +8,15 @@ types below, never on strings.
 
 Kinds (version 1): started, device, probe, resumed, loaded, metrics, progress, checkpoint,
 interval, notice, evaluation, exit. (`interval` came later than the others: a control plane
-that predates it refuses those lines alone, as an unknown kind, and goes on.) Each class below names its fields and their types; a field with
-a default may be absent from a line (the writer leaves out an optional field that is None).
+that predates it refuses those lines alone, as an unknown kind, and goes on.) Version 2 adds
+`rebalance` (AWS's rebalance recommendation). Each class names its fields and their types; a
+field with a default may be absent from a line (an optional field that is None is left out).
 
-Versions. This control plane reads the versions in `READS_VERSIONS`; a host writes
-`CONTRACT_VERSION`. A line with no `contract` field was written by a host started before
-the field existed: it is read as version 1 (its kinds and fields are version 1's), so
-upgrading the control plane while attempts run on hosts loses nothing.
+Versions. This control plane reads `READS_VERSIONS`; a host writes each line with the first
+version that has its kind (`SINCE`, at most `CONTRACT_VERSION`), so a version-1 control plane
+refuses only a newer host's new kinds, and goes on. A line older than its kind is refused; a
+line with no `contract` (a host from before the field) is read as version 1, so upgrading the
+control plane while attempts run on hosts loses nothing.
 
 Refusals. A line that is not UTF-8 JSON, whose kind or version is unknown, or whose
 fields are missing, unknown or of the wrong type is returned as a `Rejected` naming the
@@ -34,8 +36,8 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar, Union
 
-CONTRACT_VERSION = 1
-READS_VERSIONS = frozenset({1})
+CONTRACT_VERSION = 2
+READS_VERSIONS = frozenset({1, 2})
 UNVERSIONED_IS = 1  # a line without `contract`: written by a host of before the field
 KIND_FIELD = "type"
 VERSION_FIELD = "contract"
@@ -54,9 +56,10 @@ class HostEvent:
     """What every line carries; `KIND` is its `type`."""
 
     KIND: ClassVar[str] = ""
+    SINCE: ClassVar[int] = 1  # the contract version that introduced this kind: what its lines say
     seq: int = 0
     ts: float = 0.0
-    contract: int = CONTRACT_VERSION
+    contract: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,6 +189,20 @@ class Notice(HostEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Rebalance(HostEvent):
+    """AWS's rebalance recommendation (runtime/notices.py); `action`: what the agent did about it
+    (`checkpoint`, `schedule`: an early durable save asked for; `record`: nothing)."""
+
+    KIND: ClassVar[str] = "rebalance"
+    SINCE: ClassVar[int] = 2
+    source: str
+    notice_time: float | None
+    received_at: float
+    action: str
+    contract: int = 2
+
+
+@dataclass(frozen=True, kw_only=True)
 class Evaluation(HostEvent):
     """An evaluation's result metrics."""
 
@@ -207,7 +224,8 @@ class Exit(HostEvent):
 
 
 KINDS: dict[str, type[HostEvent]] = {c.KIND: c for c in (
-    Started, Device, Probe, Resumed, Loaded, Metrics, Progress, Checkpoint, Interval, Notice, Evaluation, Exit)}
+    Started, Device, Probe, Resumed, Loaded, Metrics, Progress, Checkpoint, Interval, Notice, Rebalance, Evaluation,
+    Exit)}
 STEP_EVENTS = (Metrics, Progress, Checkpoint, Resumed, Loaded)  # the kinds that say a step was reached
 
 
@@ -293,6 +311,9 @@ def from_mapping(obj: object) -> HostEvent:
     if isinstance(version, bool) or not isinstance(version, int) or version not in READS_VERSIONS:
         raise ContractError(f"{kind}: contract version {_shown(version)} is not one this control plane reads "
                             f"({', '.join(map(str, sorted(READS_VERSIONS)))})", kind)
+    if version < KINDS[kind].SINCE:
+        raise ContractError(f"{kind}: a kind of contract version {KINDS[kind].SINCE}; the line says version {version}",
+                            kind)
     spec = SPECS[kind]
     unknown = sorted(set(obj) - set(spec) - {KIND_FIELD}, key=str)
     if unknown:
@@ -340,7 +361,8 @@ def encode(event: HostEvent) -> str:
 
 
 def stamp(event: HostEvent, *, seq: int, ts: float) -> HostEvent:
-    return replace(event, seq=seq, ts=ts, contract=CONTRACT_VERSION)
+    """The record as written: its place, its time, and the version of its kind."""
+    return replace(event, seq=seq, ts=ts, contract=event.SINCE)
 
 
 def decode_line(raw: bytes, offset: int = 0) -> Entry:

@@ -71,6 +71,9 @@ class CheckpointPolicy(BaseModel):
     # `orbit`: the project's interval policy (docs/policies.md); `young-daly`: the classic
     # sqrt(2 * save time * MTBF); `fixed`: every_steps as written.
     interval_policy: Literal["orbit", "fixed", "young-daly"] = "orbit"
+    # On AWS's rebalance recommendation (often minutes before the 2-minute notice): `checkpoint`
+    # takes an early durable checkpoint at the next step boundary; `record` only records it.
+    on_rebalance: Literal["checkpoint", "record"] = "checkpoint"
     store: Literal["fs", "s3"] = "fs"
     keep_latest: StrictInt = Field(3, ge=1)
     keep_best: StrictInt = Field(2, ge=0)

@@ -44,6 +44,7 @@ from duckdb_extensions import import_extension
 
 from ..core.errors import OrbitError
 from .database import Database
+from .efficiency import FACE_VIEWS
 from .limits import KILL_GRACE_S, SqlLimitExceeded, SqlLimits
 from .schema import TABLES, VIEWS, view_sql
 
@@ -112,11 +113,14 @@ def attach_store(con: duckdb.DuckDBPyConnection, ledger: "Ledger") -> None:
 
 
 def define_views(con: duckdb.DuckDBPyConnection, source: str = "store.{table}") -> None:
-    """Every ledger table and view under its own name in the connection's default schema."""
+    """Every ledger table and view under its own name in the connection's default schema, and the
+    face's own analytic views (`efficiency.py`)."""
     for name in TABLES:
         con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM {source.format(table=name)}")
     for name in VIEWS:
         con.execute(f"CREATE OR REPLACE VIEW {name} AS {view_sql(name, 'duckdb')}")
+    for name, body in FACE_VIEWS.items():  # DuckDB's own: analysis over the views above (efficiency.py)
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {body}")
 
 
 def temp_dir(ledger: "Ledger") -> Path:

@@ -85,6 +85,12 @@ def _v6_run_workers(tx: Tx) -> None:
     metadata.create_all(tx.conn, tables=[TABLES["run_workers"].table], checkfirst=True)
 
 
+def _v8_discovery(tx: Tx) -> None:
+    # A ledger made by this code already has them (version 1 creates every table); an older one gains them, empty.
+    metadata.create_all(tx.conn, tables=[TABLES[name].table for name in ("catalog_refreshes", "catalog_changes")],
+                        checkfirst=True)
+
+
 # (version, what it does, the change). Append only: a released migration never changes.
 MIGRATIONS: list[tuple[int, str, Callable[[Tx], None]]] = [
     (1, "transactional ledger: tables, indexes, views", _v1_initial),
@@ -94,6 +100,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Tx], None]]] = [
     (5, "the ledger's identity", _v5_identity),
     (6, "each run worker's liveness record", _v6_run_workers),
     (7, "cost by job: evaluation dollars per training dollar", _create_views),
+    (8, "offer discovery: each refresh per source, and the change set", _v8_discovery),
 ]
 LATEST = MIGRATIONS[-1][0]
 

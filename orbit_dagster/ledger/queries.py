@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..core.errors import NotFound, OrbitError
+from .efficiency import efficiency_query
 from .store import Ledger
 
 if TYPE_CHECKING:  # pandas is imported by Ledger.frame when a frame is made: every run worker
@@ -23,7 +24,8 @@ if TYPE_CHECKING:  # pandas is imported by Ledger.frame when a frame is made: ev
 
     from .limits import SqlLimits
 
-COST_VIEWS = {"job": "cost_by_job", "experiment": "cost_by_experiment", "checkpoint": "cost_by_checkpoint"}
+COST_VIEWS = {"job": "cost_by_job", "experiment": "cost_by_experiment", "checkpoint": "cost_by_checkpoint",
+              "provider": "cost_efficiency"}
 COST_ORDER = {"job": "usd DESC, job_id", "experiment": "usd DESC, experiment", "checkpoint": "job_id, line"}
 
 
@@ -75,8 +77,9 @@ def checkpoints(ledger: Ledger, job_id: str) -> pd.DataFrame:
 
 def cost_table(ledger: Ledger, by: str = "job", *, experiment: str | None = None,
                job: str | None = None) -> pd.DataFrame:
-    """Cost attribution by job, experiment or checkpoint, of everything or of one experiment
-    or job; every table sums to the bill of what it covers (`billed_usd` with the same filter)."""
+    """Cost attribution by job, experiment, checkpoint or provider (`cost_efficiency`: per provider,
+    offer and GPU model, through the DuckDB face), of everything or of one experiment or job;
+    every table sums to the bill of what it covers (`billed_usd` with the same filter)."""
     if by not in COST_VIEWS:
         raise OrbitError(f"cannot group cost by {by!r}", field="--by", value=by, fix=f"use one of: {', '.join(COST_VIEWS)}")
     if job is not None and by == "experiment":
@@ -86,8 +89,18 @@ def cost_table(ledger: Ledger, by: str = "job", *, experiment: str | None = None
         if value is not None and ledger.scalar(f"SELECT count(*) FROM {table} WHERE {column} = ?", [value]) == 0:
             raise NotFound(f"no {column} {value!r} in the ledger", field=column, value=value,
                            fix=f"list them with `orbit sql \"SELECT {column} FROM {table}\"`")
+    if by == "provider":
+        return cost_efficiency(ledger, experiment=experiment, job=job)
     where, params = _cost_filter(experiment, job)
     return ledger.frame(f"SELECT * FROM {COST_VIEWS[by]} {where} ORDER BY {COST_ORDER[by]}", params)
+
+
+def cost_efficiency(ledger: Ledger, *, experiment: str | None = None, job: str | None = None,
+                    limits: "SqlLimits | None" = None) -> pd.DataFrame:
+    """Per provider, offer and GPU model: hours, $ paid and wasted, effective TFLOP-hours, $ per
+    effective TFLOP-hour, interruptions per hour, recovery overhead (`efficiency.py` says how
+    each is measured), cheapest effective compute first; sums to `billed_usd` with the same filter."""
+    return sql(ledger, efficiency_query(experiment=experiment, job=job), limits=limits)
 
 
 def _cost_filter(experiment: str | None, job: str | None) -> tuple[str, list]:

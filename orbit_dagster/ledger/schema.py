@@ -176,6 +176,16 @@ TABLES: dict[str, TableSpec] = {t.name: t for t in [
     _table("decisions", col("decision_id", primary_key=True), col("job_id"), col("attempt", I), col("kind"),
            col("chosen"), col("runner_up"), col("inputs"), col("ts", F),
            key=("decision_id",), indexes=(("job_id", "kind"),)),
+    # Offer discovery (control/discovery.py): each refresh asks each source (a provider, or the
+    # shipped price catalog) for its shapes; a source that failed keeps its previous offers.
+    _table("catalog_refreshes", col("refresh_id"), col("source"), col("ts", F), col("status"), col("offers", I),
+           col("error"), sa.PrimaryKeyConstraint("refresh_id", "source"), key=("refresh_id", "source"),
+           indexes=(("ts",),)),
+    # What changed since the previous refresh: type_added/removed, offer_added/removed, price_changed.
+    _table("catalog_changes", col("change_id", primary_key=True), col("refresh_id"), col("ts", F), col("source"),
+           col("kind"), col("provider"), col("offer_id"), col("instance_type"), col("gpu"), col("region"),
+           col("zone"), col("market"), col("old_usd_per_gpu_hour", F), col("new_usd_per_gpu_hour", F),
+           col("change_pct", F), key=("change_id",), indexes=(("offer_id", "ts"), ("refresh_id",), ("kind", "ts"))),
 ]}
 
 # Deleted checkpoints (a few, however long the history): the evaluations still pending on

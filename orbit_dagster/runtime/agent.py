@@ -18,7 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
-from ..core.host_contract import Exit, Notice, Probe, Started
+from ..core.host_contract import Exit, Notice, Probe, Rebalance, Started
 from ..storage import open_store
 from ..storage.base import StoreError
 from .command import CommandRun, is_command
@@ -155,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
     # Watch for the reclaim from the first instant: a SIGTERM during start-up is a notice too.
     watcher = NoticeWatcher(args.metadata_url, poll_s=args.notice_poll)
     watcher.on_notice = lambda notice: events.emit(Notice(**notice))
+    # Before the workload runs there is nothing to save: a rebalance recommendation is recorded.
+    watcher.on_rebalance = lambda r: events.emit(Rebalance(**r, action="record"))
     watcher.install_sigterm()
     watcher.start()
     try:
@@ -204,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
 
             raise Preempted("reclaim notice before the workload started")
         watcher.on_notice = lambda notice: (events.emit(Notice(**notice)), ctx.on_notice_timeout(args.notice_grace))
+        _on_rebalance(watcher, events, ck, ctx.request_durable, "checkpoint")
         entry = template["entrypoint"] if args.task == "train" else (template.get("eval") or {}).get("entrypoint", "eval.py")
         module = load_entrypoint(bundle, entry)
         _main_once(module, ctx, args.task)
@@ -257,6 +260,7 @@ def _run_command(args, job, bundle, workdir, events, store, watcher, ck) -> tupl
                           resume_from=args.resume_from, eval_checkpoint=checkpoint, expect_sha256=sha256,
                           notice_grace=args.notice_grace, interval_plan=args.interval_plan)
         watcher.on_notice = lambda notice, r=run_: (events.emit(Notice(**notice)), r.on_notice(notice))
+        _on_rebalance(watcher, events, ck, run_.request_durable, "schedule")
         try:
             code, reason = run_.run()
         finally:
@@ -265,6 +269,20 @@ def _run_command(args, job, bundle, workdir, events, store, watcher, ck) -> tupl
         if code != EXIT_OK:
             break
     return code, reason, last_step
+
+
+def _on_rebalance(watcher, events, ck: dict, ask, action: str) -> None:
+    """What the agent does on a rebalance recommendation from now on: record it in the event
+    stream and, unless the template says `checkpoint.on_rebalance: record`, ask for an early
+    durable save (`action`: `checkpoint`, the SDK's; `schedule`, a command's published schedule)."""
+    act = ck.get("on_rebalance", "checkpoint") == "checkpoint"
+
+    def on_rebalance(r: dict) -> None:
+        events.emit(Rebalance(**r, action=action if act else "record"))
+        if act:
+            ask()
+
+    watcher.on_rebalance = on_rebalance
 
 
 def _main_once(module, ctx, task: str) -> None:

@@ -274,6 +274,14 @@ class CommandRun:
                 self.register(found)
 
     # ---- notice ---------------------------------------------------------------------
+    def request_durable(self) -> None:
+        """An early durable save (a rebalance recommendation): the published schedule's next save
+        becomes the next step, for the scripts that read it (the HF and Lightning callbacks,
+        `integrations.env.checkpoint_due`); a script that keeps its own cadence is not asked."""
+        with self._lock:
+            self.schedule.next_step = (self.last_step or 0) + 1
+            self.schedule.publish(self.schedule_file)
+
     def on_notice(self, notice: dict) -> None:
         """Tell the script (stop file, then its stop signal) and set the kill time."""
         self._notice_at = time.time()

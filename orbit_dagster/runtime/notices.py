@@ -1,9 +1,15 @@
-"""Reclaim-notice watcher: the cloud's metadata endpoint, and SIGTERM.
+"""Reclaim-notice watcher: the cloud's metadata endpoint, and SIGTERM; and AWS's rebalance recommendation.
 
 AWS publishes `GET /latest/meta-data/spot/instance-action` (404 until a reclaim is
 scheduled, then `{"action": "terminate", "time": ISO8601}`) about two minutes before the
 end; GCP gives 30 s and sends ACPI shutdown (SIGTERM to us). The simulated market serves
 the same endpoint on loopback, so this code path is the one production uses.
+
+AWS also publishes `GET /latest/meta-data/events/recommendations/rebalance` (404, then
+`{"noticeTime": ISO8601}`) when the instance is at elevated risk of a reclaim, often well
+before the notice. It is polled at the same cadence, with the same IMDSv2 token, after the
+instance-action (a notice is never delayed by it); the first one seen calls `on_rebalance`
+once. It is not a notice: the workload goes on (the agent may take a durable checkpoint).
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from datetime import datetime
 from typing import Callable
 
 INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
+REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
 TOKEN_PATH = "/latest/api/token"
 TOKEN_TTL_S = 21600
 
@@ -31,11 +38,14 @@ def parse_notice_time(text: str) -> float | None:
 class NoticeWatcher:
     """Sets `notice` (a dict with source, deadline, received_at) once; calls `on_notice`."""
 
-    def __init__(self, metadata_url: str | None, *, poll_s: float = 1.0, on_notice: Callable[[dict], None] | None = None):
+    def __init__(self, metadata_url: str | None, *, poll_s: float = 1.0, on_notice: Callable[[dict], None] | None = None,
+                 on_rebalance: Callable[[dict], None] | None = None):
         self.metadata_url = metadata_url.rstrip("/") if metadata_url else None
         self.poll_s = poll_s
         self.on_notice = on_notice
+        self.on_rebalance = on_rebalance
         self.notice: dict | None = None
+        self.rebalance: dict | None = None  # {source, notice_time, received_at} once one was seen
         self._event = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -83,23 +93,32 @@ class NoticeWatcher:
         self._imds_token = (token, time.time() + TOKEN_TTL_S / 2)
         return token
 
+    def _get(self, path: str, headers: dict) -> dict | None:
+        """The endpoint's JSON object, or None (404: nothing yet; unreachable; not JSON)."""
+        try:
+            req = urllib.request.Request(self.metadata_url + path, headers=headers)
+            with urllib.request.urlopen(req, timeout=2) as resp:
+                body = json.loads(resp.read().decode() or "{}")
+        except (urllib.error.URLError, OSError, ValueError):  # HTTPError (404 included) is a URLError
+            return None
+        return body if isinstance(body, dict) else None
+
     def poll_once(self) -> bool:
         if not self.metadata_url or self._event.is_set():
             return self._event.is_set()
         token = self._token()
         headers = {"X-aws-ec2-metadata-token": token} if token else {}
-        try:
-            req = urllib.request.Request(self.metadata_url + INSTANCE_ACTION_PATH, headers=headers)
-            with urllib.request.urlopen(req, timeout=2) as resp:
-                body = json.loads(resp.read().decode() or "{}")
-        except urllib.error.HTTPError as err:
-            if err.code == 404:
-                return False
-            return False
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
-        if body.get("action") in ("terminate", "stop", "hibernate"):
+        body = self._get(INSTANCE_ACTION_PATH, headers)
+        if body is not None and body.get("action") in ("terminate", "stop", "hibernate"):
             self._fire("metadata", parse_notice_time(body.get("time", "")))
+            return True
+        if self.rebalance is None:
+            recommendation = self._get(REBALANCE_PATH, headers)
+            if recommendation is not None and "noticeTime" in recommendation:
+                self.rebalance = {"source": "metadata", "received_at": time.time(),
+                                  "notice_time": parse_notice_time(str(recommendation["noticeTime"]))}
+                if self.on_rebalance:
+                    self.on_rebalance(dict(self.rebalance))
         return self._event.is_set()
 
     def start(self) -> "NoticeWatcher":

@@ -97,6 +97,7 @@ class RunContext:
         self._last_flush = time.time()
         self._last_metrics: dict[str, float] = {}
         self._emergency_done = threading.Event()
+        self._durable_asked = threading.Event()  # an early durable save (a rebalance recommendation)
         self._step_lock = threading.Lock()
         self.last_step: int | None = None
         self.eval_metrics: dict[str, float] | None = None
@@ -181,7 +182,8 @@ class RunContext:
                 ck.save_emergency(step, state_fn(), self._flush_metrics(step), source=self.watcher.source)
                 self._emergency_done.set()
                 raise Preempted(f"reclaim notice ({self.watcher.source}); emergency checkpoint at step {step}")
-            if final or self.schedule.due(step):
+            if final or self.schedule.due(step) or self._durable_asked.is_set():
+                self._durable_asked.clear()
                 self.events.emit(Progress(step=step))
                 ck.save_durable_async(step, state_fn(), self._flush_metrics(step))
                 decided = None if final else self.schedule.after_save(step)
@@ -196,6 +198,11 @@ class RunContext:
             if ck is not None:
                 ck.flush()
             raise SystemExit(99)
+
+    def request_durable(self) -> None:
+        """Take a durable checkpoint at the next step boundary, whatever the schedule says (the
+        agent asks on a rebalance recommendation); the schedule is re-decided after it as after any."""
+        self._durable_asked.set()
 
     def on_notice_timeout(self, grace_s: float) -> None:
         """If no step boundary comes soon after a notice, save the in-memory snapshot."""

@@ -1,1 +1,1 @@
-"""Schedules: the daily offer-catalog discovery and the evaluation backfill."""
+"""Schedules: the daily offer-catalog discovery, the daily cost insight and the evaluation backfill."""

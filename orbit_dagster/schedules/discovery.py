@@ -1,4 +1,4 @@
-"""Daily offer discovery."""
+"""Daily offer discovery (control/discovery.py)."""
 import dagster as dg
 
 from ..jobs import discovery_job
@@ -9,5 +9,6 @@ offer_discovery_schedule = dg.ScheduleDefinition(
     cron_schedule="0 6 * * *",
     execution_timezone="UTC",
     default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Refreshes the offer catalog every day; changes are recorded as catalog_change events.",
+    description="Asks every provider for its shapes every day; the change set is recorded in the ledger "
+                "(catalog_changes) and on offer_catalog, whose check fails when an offer in use is gone.",
 )

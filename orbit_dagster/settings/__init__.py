@@ -29,7 +29,7 @@ from ..ledger.limits import SqlLimits
 from ..storage import open_store
 from ..storage.s3 import BadTuning, tuning
 from .deployment import CodeServerAddress, Profile, parse_follow
-from .sections import AwsSettings, SimSettings, count, positive, seconds
+from .sections import AwsSettings, SimSettings, count, discovery_sources, positive, seconds
 from .variables import Env
 
 
@@ -79,6 +79,8 @@ class Settings:
     bundle_max_bytes: int = 256 << 20
     # Proactive migration compares an offer's risk over windows of this many seconds.
     migration_window_s: float = 600.0
+    # What offer discovery asks for shapes (control/discovery.py); None: by what is configured.
+    discovery_sources: tuple[str, ...] | None = None
     # The deployment profile (embedded / team), and the ledger's database: SQLite under the
     # home by default; a team points every machine at one PostgreSQL
     # (`postgresql+psycopg://USER@HOST:PORT/DB`, the password from PGPASSWORD).
@@ -121,6 +123,7 @@ class Settings:
             eval_timeout_s=seconds(env, "ORBIT_EVAL_TIMEOUT_S", 1800.0),
             eval_share=count(env, "ORBIT_EVAL_SHARE", 8),
             migration_window_s=positive(env, "ORBIT_MIGRATION_WINDOW_S", 600.0),
+            discovery_sources=discovery_sources(env.get("ORBIT_DISCOVERY_PROVIDERS")),
             bundle_max_bytes=int(positive(env, "ORBIT_BUNDLE_MAX_MB", 256.0) * 2**20),
             profile=profile,
             # ORBIT_LEDGER_URL wins; else the deployment profile's (team: its PostgreSQL).
@@ -167,6 +170,15 @@ class Settings:
             return [Path(self.templates)]
         home_dir = self.home / "templates"
         return [home_dir] if home_dir.is_dir() else []
+
+    @property
+    def discovery(self) -> tuple[str, ...]:
+        """What offer discovery asks: ORBIT_DISCOVERY_PROVIDERS, else the shipped catalog and the
+        embedded market, the SSH inventory when it exists, AWS when an endpoint or an AMI is set."""
+        if self.discovery_sources is not None:
+            return self.discovery_sources
+        return ("catalog", "sim", *(("ssh",) if self.ssh_hosts.is_file() else ()),
+                *(("aws",) if self.aws.endpoint_url or self.aws.image_id else ()))
 
     @property
     def ledger_dir(self) -> Path:

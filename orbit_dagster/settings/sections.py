@@ -142,3 +142,19 @@ class AwsSettings:
             boot_timeout_s=seconds(env, "ORBIT_AWS_BOOT_TIMEOUT_S", 600.0),
             terminate_grace_s=seconds(env, "ORBIT_AWS_TERMINATE_GRACE_S", 60.0),
         )
+
+
+DISCOVERY_SOURCES = ("catalog", "sim", "ssh", "aws")
+
+
+def discovery_sources(text: str | None) -> tuple[str, ...] | None:
+    """ORBIT_DISCOVERY_PROVIDERS: names separated by spaces or commas, each once (None: unset)."""
+    if text is None:
+        return None
+    names = tuple(dict.fromkeys(n for n in text.replace(",", " ").split() if n))
+    bad = [n for n in names if n not in DISCOVERY_SOURCES]
+    if bad or not names:
+        raise OrbitError(f"ORBIT_DISCOVERY_PROVIDERS={text!r} names {'no source' if not names else ', '.join(bad)}",
+                         field="ORBIT_DISCOVERY_PROVIDERS", value=text,
+                         fix=f"name some of: {' '.join(DISCOVERY_SOURCES)} (e.g. `catalog sim aws`)")
+    return names

@@ -51,6 +51,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ORBIT_EVAL_SHARE", "8", "checkpoints one evaluation run evaluates on the instance it rented (its own, "
                                       "then its job's other pending ones of the suite); 1: an instance each"),
     Variable("ORBIT_MIGRATION_WINDOW_S", "600", "proactive migration compares offers' risk over windows this long"),
+    Variable("ORBIT_DISCOVERY_PROVIDERS", "`catalog sim`, `ssh` with an inventory, `aws` with an endpoint or AMI",
+             "what offer discovery asks for shapes: `catalog` (the shipped prices), `sim`, `ssh`, `aws`"),
     # The SQL face
     Variable("ORBIT_SQL_TIMEOUT_S", "60", "a query's time limit (`orbit sql --timeout SECONDS`)"),
     Variable("ORBIT_SQL_MEMORY", "`1GiB`", "a query's memory (at most this machine's)"),

@@ -28,11 +28,12 @@ def test_discovery_records_what_changed_between_two_refreshes(orbit_home):
     assert first["first_refresh"] and first["offers"] > 100 and not first["changes"]
     second = refresh_catalog(settings, at=datetime(2026, 7, 30, tzinfo=timezone.utc))
     assert second["changes"].get("price_changed", 0) > 0
-    rows = settings.ledger().rows("SELECT detail FROM events WHERE kind = 'catalog_change'")
-    kinds = {json.loads(r["detail"])["change"] for r in rows}
+    rows = settings.ledger().rows("SELECT * FROM catalog_changes WHERE refresh_id = ?", [second["refresh_id"]])
+    kinds = {r["kind"] for r in rows}
     assert "price_changed" in kinds and sum(second["changes"].values()) == len(rows)
+    assert {r["source"] for r in rows} == {"catalog"}  # the embedded market's shapes did not change
     # A g2-standard-4 spot price that fell over those two years, recorded with both figures.
-    moves = [json.loads(r["detail"]) for r in rows]
+    moves = rows
     g2 = [m for m in moves if m.get("offer_id") == "gce:g2-standard-4:europe-north1" and m.get("market") == "spot"]
     assert g2 and g2[0]["new_usd_per_gpu_hour"] < g2[0]["old_usd_per_gpu_hour"]
 

@@ -29,6 +29,7 @@ SAMPLES: dict[str, H.HostEvent] = {e.KIND: e for e in (
     H.Interval(step=8, next_step=20, steps=12, age_s=960.0, policy="orbit", reason="the policy's interval",
                cadence_steps=50, interval_s=57.6, policy_steps=12, work_left_s=1000.0, step_s=4.8),
     H.Notice(source="sigterm", deadline=None, received_at=1_790_000_000.5),
+    H.Rebalance(source="metadata", notice_time=1_790_000_000.0, received_at=1_790_000_000.5, action="checkpoint"),
     H.Evaluation(metrics={"eval/loss": 1.9}, checkpoint="file:///s/job-a/step-000000008-a2"),
     H.Exit(code=75, failure_class="reclaim", reason="reclaim notice", seconds=12.5, last_step=8),
 )}
@@ -54,7 +55,7 @@ def test_every_kind_round_trips_through_a_line(kind):
     line = H.encode(record)
     assert line.endswith("\n") and "\n" not in line[:-1]
     obj = json.loads(line)
-    assert obj["type"] == kind and obj["contract"] == H.CONTRACT_VERSION
+    assert obj["type"] == kind and obj["contract"] == type(record).SINCE  # each kind's own version
     (back,), offset = H.read_chunk(line.encode(), 100)
     assert back == record and type(back) is type(record) and offset == 100 + len(line.encode())
 
@@ -80,7 +81,11 @@ def test_a_line_without_a_version_is_read_as_version_1():
 
 
 @pytest.mark.parametrize("line, words", [
-    ('{"type": "metrics", "step": 1, "values": {}, "contract": 2}', "metrics: contract version 2 is not one"),
+    ('{"type": "metrics", "step": 1, "values": {}, "contract": 3}', "metrics: contract version 3 is not one"),
+    ('{"type": "rebalance", "source": "metadata", "notice_time": null, "received_at": 1, "action": "record", '
+     '"contract": 1}', "rebalance: a kind of contract version 2; the line says version 1"),
+    ('{"type": "rebalance", "source": "metadata", "notice_time": null, "received_at": 1, "action": "record"}',
+     "rebalance: a kind of contract version 2; the line says version 1"),
     ('{"type": "metrics", "step": 1, "values": {}, "contract": "1"}', "contract version '1'"),
     ('{"type": "metrics", "step": 1, "values": {}, "contract": true}', "contract version True"),
     ('{"type": "heartbeat", "step": 1}', "unknown kind 'heartbeat'"),

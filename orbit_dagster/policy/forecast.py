@@ -1,0 +1,358 @@
+"""Price and reclaim-rate trends per offer: an exponentially weighted level with a seasonal term.
+
+Both forecasts read a history on a regular grid of `step_s` seconds (`step_series` turns
+price change points into one; `rate_bins` turns instance lifetimes and reclaims into
+exposure and counts per step) and answer for the next `horizon` steps. The season is a
+cycle of `period` steps aligned to the clock (`phase_of`: with hourly steps and a period of
+24, the hour of the day, UTC), so a market that is dearer or reclaims more at some hours
+shows it.
+
+- **Price** (`SeasonalEW`): additive Holt-Winters without trend. Per observation y at phase
+  p: the error e = y - (level + season[p]); level += alpha * (y - season[p] - level);
+  season[p] += gamma * (y - level - season[p]). The forecast h steps on is level +
+  season[p + h]. alpha = 1, gamma = 0 is the naive "last value"; small alpha is close to a
+  moving mean.
+- **Reclaim rate** (`SeasonalRate`): a Gamma-Poisson rate whose evidence decays: reclaims N
+  and exposure E (hours) are discounted by (1 - alpha) per step, and the level is
+  (N + a0) / (E + b0) with the prior (a0 pseudo-reclaims over b0 hours, e.g. the offer's
+  band); each phase's factor is its own (undiscounted) rate over the overall one, shrunk
+  to 1 by `shrink_h` pseudo-hours of exposure at the overall rate.
+
+Their parameters are fitted (`fit_price_model`, `fit_rate_model`: a grid search that
+minimises the forecast's mean absolute error on the training series), never set by hand;
+`bench/price_forecast.py` fits them on one part of the recorded history and measures the
+error on history held back, beside the naive baselines.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from orbit_dagster.core.errors import OrbitError
+
+ALPHAS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
+GAMMAS = (0.0, 0.05, 0.1, 0.2, 0.4)
+RATE_ALPHAS = (0.0, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
+SHRINKS_H = (1.0, 5.0, 20.0, 100.0, math.inf)
+
+
+def phase_of(t_s: float, step_s: float, period: int) -> int:
+    """Where in the season the step starting at `t_s` lies (clock-aligned: epoch 0 is phase 0)."""
+    return int(math.floor(t_s / step_s + 1e-9)) % period
+
+
+def _check(name: str, value: float, low: float, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise OrbitError(f"{name} must be in [{low}, {high}]", field=name, value=value,
+                         fix=f"pass a number between {low} and {high}")
+
+
+def step_series(points: Iterable[tuple[float, float | None]], *, start_s: float, step_s: float,
+                count: int) -> list[float | None]:
+    """A step function of change points `(time, value)` (value None: not sold then) read at
+    `start_s + k * step_s` for k < count: the last value at or before each time, None before
+    the first point."""
+    if step_s <= 0 or count < 0:
+        raise OrbitError("a series needs step_s > 0 and count >= 0", field="step_s", value=step_s,
+                         fix="pass the grid's step in seconds")
+    pts = sorted(points, key=lambda p: p[0])
+    out: list[float | None] = []
+    i, current = 0, None
+    for k in range(count):
+        t = start_s + k * step_s
+        while i < len(pts) and pts[i][0] <= t:
+            current = pts[i][1]
+            i += 1
+        out.append(current)
+    return out
+
+
+@dataclass(frozen=True)
+class SeasonalEW:
+    """Additive exponentially weighted level + seasonal term (see the module's doc)."""
+
+    alpha: float
+    gamma: float = 0.0
+    period: int = 24
+
+    def __post_init__(self) -> None:
+        _check("alpha", self.alpha, 1e-6, 1.0)
+        _check("gamma", self.gamma, 0.0, 1.0)
+        if isinstance(self.period, bool) or not isinstance(self.period, int) or self.period < 1:
+            raise OrbitError("period must be an integer >= 1", field="period", value=self.period,
+                             fix="pass the season's length in steps, e.g. 24 for hourly steps")
+
+    def run(self, series: Sequence[float | None], phase0: int = 0) -> "SeasonalState":
+        """The state after reading `series` (None entries are skipped: no price then)."""
+        state = SeasonalState(self, None, (0.0,) * self.period, phase0 - 1)
+        for y in series:
+            state = state.read(y)
+        return state
+
+    def forecast(self, series: Sequence[float | None], horizon: int, phase0: int = 0) -> list[float | None]:
+        return self.run(series, phase0).forecast(horizon)
+
+    def rolling_errors(self, series: Sequence[float | None], *, horizon: int, start: int, phase0: int = 0,
+                       every: int = 1) -> list[float]:
+        """Absolute errors of the `horizon`-step forecast made after every `every`-th step from
+        `start` on, against the values that followed (one pass over the series)."""
+        state = SeasonalState(self, None, (0.0,) * self.period, phase0 - 1)
+        errors: list[float] = []
+        for origin, y in enumerate(series):
+            if origin >= max(start, 1) and origin + horizon <= len(series) and (origin - start) % every == 0:
+                errors += _abs_errors(state.forecast(horizon), series[origin:origin + horizon])
+            state = state.read(y)
+        return errors
+
+
+def _abs_errors(got: Sequence[float | None], want: Sequence[float | None]) -> list[float]:
+    return [abs(g - w) for g, w in zip(got, want) if g is not None and w is not None]
+
+
+@dataclass(frozen=True)
+class SeasonalState:
+    model: SeasonalEW
+    level: float | None
+    season: tuple[float, ...]
+    last_phase: int  # the absolute phase of the last step read
+
+    def read(self, y: float | None) -> "SeasonalState":
+        """The state after one more step (value `y`, or None: nothing observed)."""
+        m, p = self.model, self.last_phase + 1
+        if y is None:
+            return SeasonalState(m, self.level, self.season, p)
+        if self.level is None:
+            return SeasonalState(m, float(y), self.season, p)
+        i = p % m.period
+        level = self.level + m.alpha * (y - self.season[i] - self.level)
+        if m.gamma == 0:
+            return SeasonalState(m, level, self.season, p)
+        season = list(self.season)
+        season[i] += m.gamma * (y - level - season[i])
+        return SeasonalState(m, level, tuple(season), p)
+
+    def forecast(self, horizon: int) -> list[float | None]:
+        """The next `horizon` steps (None when nothing was observed)."""
+        if self.level is None:
+            return [None] * horizon
+        n = self.model.period
+        return [self.level + self.season[(self.last_phase + h) % n] for h in range(1, horizon + 1)]
+
+
+@dataclass(frozen=True)
+class NaiveState:
+    """The naive baselines a forecast must beat, read like `SeasonalState`: `last` (the last value
+    seen) or `mean` (the mean of every value seen)."""
+
+    kind: str  # last | mean
+    total: float = 0.0
+    count: int = 0
+    last: float | None = None
+
+    def read(self, y: float | None) -> "NaiveState":
+        if y is None:
+            return self
+        return NaiveState(self.kind, self.total + y, self.count + 1, float(y))
+
+    def forecast(self, horizon: int) -> list[float | None]:
+        value = self.last if self.kind == "last" else (self.total / self.count if self.count else None)
+        return [value] * horizon
+
+
+def naive_errors(kind: str, series: Sequence[float | None], *, horizon: int, start: int,
+                 every: int = 1) -> list[float]:
+    """`SeasonalEW.rolling_errors` of a naive baseline (`last` or `mean`)."""
+    state, errors = NaiveState(kind), []
+    for origin, y in enumerate(series):
+        if origin >= max(start, 1) and origin + horizon <= len(series) and (origin - start) % every == 0:
+            errors += _abs_errors(state.forecast(horizon), series[origin:origin + horizon])
+        state = state.read(y)
+    return errors
+
+
+def fit_price_model(series_list: Sequence[tuple[Sequence[float | None], int]], *, horizon: int, period: int,
+                    start: int, every: int = 1, alphas: Sequence[float] = ALPHAS,
+                    gammas: Sequence[float] = GAMMAS) -> tuple[SeasonalEW, float]:
+    """The (alpha, gamma) of the grid with the least mean absolute `horizon`-step error over the
+    training series `(series, phase0)`, and that error."""
+    best: tuple[float, SeasonalEW] | None = None
+    for alpha in alphas:
+        for gamma in gammas if period > 1 else (0.0,):
+            model = SeasonalEW(alpha, gamma, period)
+            errors: list[float] = []
+            for series, phase0 in series_list:
+                errors += model.rolling_errors(series, horizon=horizon, start=start, phase0=phase0, every=every)
+            if errors:
+                mae = sum(errors) / len(errors)
+                if best is None or mae < best[0] - 1e-15:
+                    best = (mae, model)
+    if best is None:
+        raise OrbitError("no training series long enough to fit the price model", field="series",
+                         value=len(series_list), fix=f"give series longer than {start + horizon} steps")
+    return best[1], best[0]
+
+
+# ---------------------------------------------------------------- reclaim rates
+
+def rate_bins(sessions: Iterable[tuple[float, float, bool]], *, start_s: float, step_s: float,
+              count: int) -> tuple[list[float], list[int]]:
+    """Exposure hours and reclaims per step from instance sessions `(begin_s, end_s, reclaimed)`:
+    each session's up-time split over the steps it covers, its reclaim counted in the step of its end."""
+    exposure, reclaims = [0.0] * count, [0] * count
+    for begin, end, reclaimed in sessions:
+        t = max(begin, start_s)
+        while t < end:
+            k = int((t - start_s) // step_s)
+            if k >= count:
+                break
+            nxt = min(end, start_s + (k + 1) * step_s)
+            exposure[k] += (nxt - t) / 3600.0
+            t = nxt
+        k = int((end - start_s) // step_s)
+        if reclaimed and 0 <= k < count and end >= start_s:
+            reclaims[k] += 1
+    return exposure, reclaims
+
+
+@dataclass(frozen=True)
+class SeasonalRate:
+    """Discounted Gamma-Poisson reclaim rate with a shrunk seasonal factor (see the module's doc)."""
+
+    alpha: float
+    shrink_h: float = math.inf
+    period: int = 24
+    prior_reclaims: float = 0.5
+    prior_hours: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check("alpha", self.alpha, 0.0, 1.0)
+        if not (self.shrink_h > 0 and self.prior_reclaims >= 0 and self.prior_hours > 0):
+            raise OrbitError("shrink_h and prior_hours must be > 0, prior_reclaims >= 0", field="SeasonalRate",
+                             value=(self.shrink_h, self.prior_reclaims, self.prior_hours),
+                             fix="pass the seasonal shrinkage and the prior's pseudo-counts")
+
+    @classmethod
+    def with_prior(cls, alpha: float, shrink_h: float, period: int, rate_per_hour: float,
+                   strength: float) -> "SeasonalRate":
+        """The prior: `strength` pseudo-reclaims at `rate_per_hour` (e.g. the band's rate and the
+        fitted zone spread, `ReclaimModel.zone_rate_alpha`)."""
+        return cls(alpha, shrink_h, period, strength, strength / rate_per_hour)
+
+    def start(self, phase0: int = 0) -> "RateState":
+        return RateState(self, 0.0, 0.0, (0.0,) * self.period, (0.0,) * self.period, phase0 - 1)
+
+    def forecast(self, exposure_h: Sequence[float], reclaims: Sequence[int], horizon: int,
+                 phase0: int = 0) -> list[float]:
+        """Reclaims per hour of up-time for each of the next `horizon` steps."""
+        state = self.start(phase0)
+        for x, c in zip(exposure_h, reclaims):
+            state = state.read(x, c)
+        return state.forecast(horizon)
+
+    def rolling_errors(self, exposure_h: Sequence[float], reclaims: Sequence[int], *, horizon: int, start: int,
+                       phase0: int = 0, every: int = 1) -> list[float]:
+        """Absolute errors in reclaims over the next `horizon` steps: the forecast rates made after
+        every `every`-th step from `start` on, times the exposure those steps had, against the count."""
+        return rate_errors(lambda: self.start(phase0), exposure_h, reclaims, horizon=horizon, start=start,
+                           every=every)
+
+
+@dataclass(frozen=True)
+class RateState:
+    model: SeasonalRate
+    n: float  # discounted reclaims
+    e: float  # discounted exposure hours
+    per_n: tuple[float, ...]  # reclaims per phase
+    per_e: tuple[float, ...]  # exposure hours per phase
+    last_phase: int
+
+    def read(self, exposure_h: float, reclaims: int) -> "RateState":
+        m, p = self.model, self.last_phase + 1
+        decay = 1.0 - m.alpha
+        i = p % m.period
+        per_n, per_e = list(self.per_n), list(self.per_e)
+        per_n[i] += reclaims
+        per_e[i] += exposure_h
+        return RateState(m, self.n * decay + reclaims, self.e * decay + exposure_h, tuple(per_n), tuple(per_e), p)
+
+    @property
+    def level(self) -> float:
+        return (self.n + self.model.prior_reclaims) / (self.e + self.model.prior_hours)
+
+    def forecast(self, horizon: int) -> list[float]:
+        m = self.model
+        overall = (sum(self.per_n) + m.prior_reclaims) / (sum(self.per_e) + m.prior_hours)
+        out = []
+        for h in range(1, horizon + 1):
+            i = (self.last_phase + h) % m.period
+            if math.isinf(m.shrink_h) or overall <= 0:
+                factor = 1.0
+            else:
+                factor = (self.per_n[i] + m.shrink_h * overall) / (self.per_e[i] + m.shrink_h) / overall
+            out.append(self.level * factor)
+        return out
+
+
+def rate_errors(fresh, exposure_h: Sequence[float], reclaims: Sequence[int], *, horizon: int, start: int,
+                every: int = 1) -> list[float]:
+    """Absolute errors in reclaims over the next `horizon` steps of a rate forecaster: `fresh()`
+    is its state before any step, with `read(x, c)` and `forecast(horizon)` (one pass)."""
+    state = fresh()
+    errors = []
+    for origin, (x, c) in enumerate(zip(exposure_h, reclaims)):
+        if origin >= max(start, 1) and origin + horizon <= len(exposure_h) and (origin - start) % every == 0:
+            ahead = exposure_h[origin:origin + horizon]
+            if sum(ahead) > 0:
+                expected = sum(r * a for r, a in zip(state.forecast(horizon), ahead))
+                errors.append(abs(expected - sum(reclaims[origin:origin + horizon])))
+        state = state.read(x, c)
+    return errors
+
+
+@dataclass(frozen=True)
+class TrailingRate:
+    """The naive rate baselines, read like `RateState`: reclaims over exposure of the last `window`
+    steps (`window` None: of everything seen, the cumulative mean), with the same prior."""
+
+    window: int | None
+    prior_reclaims: float = 0.5
+    prior_hours: float = 1.0
+    seen: tuple[tuple[float, int], ...] = ()
+    n: float = 0.0
+    e: float = 0.0
+
+    def read(self, exposure_h: float, reclaims: int) -> "TrailingRate":
+        if self.window is None:
+            return TrailingRate(None, self.prior_reclaims, self.prior_hours, (), self.n + reclaims,
+                                self.e + exposure_h)
+        seen = (self.seen + ((exposure_h, reclaims),))[-self.window:]
+        return TrailingRate(self.window, self.prior_reclaims, self.prior_hours, seen,
+                            float(sum(c for _, c in seen)), sum(x for x, _ in seen))
+
+    def forecast(self, horizon: int) -> list[float]:
+        return [(self.n + self.prior_reclaims) / (self.e + self.prior_hours)] * horizon
+
+
+def fit_rate_model(bins_list: Sequence[tuple[Sequence[float], Sequence[int], int]], *, horizon: int, period: int,
+                   start: int, prior_rate_per_hour: float, prior_strength: float, every: int = 1,
+                   alphas: Sequence[float] = RATE_ALPHAS,
+                   shrinks: Sequence[float] = SHRINKS_H) -> tuple[SeasonalRate, float]:
+    """The (alpha, shrink) of the grid with the least mean absolute error in reclaims over the next
+    `horizon` steps, over the training `(exposure, reclaims, phase0)` series, and that error."""
+    best: tuple[float, SeasonalRate] | None = None
+    for alpha in alphas:
+        for shrink in shrinks:
+            model = SeasonalRate.with_prior(alpha, shrink, period, prior_rate_per_hour, prior_strength)
+            errors: list[float] = []
+            for exposure, reclaims, phase0 in bins_list:
+                errors += model.rolling_errors(exposure, reclaims, horizon=horizon, start=start, phase0=phase0,
+                                               every=every)
+            if errors:
+                mae = sum(errors) / len(errors)
+                if best is None or mae < best[0] - 1e-15:
+                    best = (mae, model)
+    if best is None:
+        raise OrbitError("no training history long enough to fit the rate model", field="bins",
+                         value=len(bins_list), fix=f"give histories longer than {start + horizon} steps")
+    return best[1], best[0]
