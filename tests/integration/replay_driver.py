@@ -235,6 +235,9 @@ def timeline(run: SegmentRun, step_seconds: float) -> dict:
                                 AND name = 'train/loss' ORDER BY step""", [r["run_id"]])
         # the first step began one pace after work started; every step keeps the pace
         work_start = min((p["ts"] - (p["step"] - resumed) * step_seconds for p in points), default=None)
+        # how far behind its pace the workload's steps ran (the host's scheduling, not a
+        # decision): what a loaded machine adds to a step's time on the trace clock
+        lateness = max((p["ts"] - work_start - (p["step"] - resumed) * step_seconds for p in points), default=0.0)
         decided = [{"steps": int(d["chosen"]), **json.loads(d["inputs"])} for d in ledger.rows(
             """SELECT chosen, inputs FROM decisions WHERE job_id = ? AND attempt = ?
                AND kind = 'checkpoint_interval'""", [run.job_id, r["attempt"]])]
@@ -245,6 +248,9 @@ def timeline(run: SegmentRun, step_seconds: float) -> dict:
                                AND kind = 'spot_or_on_demand' ORDER BY ts LIMIT 1""", [run.job_id, r["attempt"]])
         notices = [json.loads(e["detail"] or "{}") for e in ledger.rows(
             "SELECT detail FROM events WHERE run_id = ? AND kind = 'host_notice'", [r["run_id"]])]
+        # what control.dispatch.fleet_notices counts as a notice the ledger knows of
+        notice_events = ledger.scalar("""SELECT count(*) FROM events WHERE run_id = ?
+                                         AND kind IN ('notice', 'host_notice')""", [r["run_id"]])
         spec = json.loads((run.settings.sim_dir / "instances" / r["instance_id"] / "instance.json").read_text())
         attempts.append({
             "attempt": r["attempt"], "state": r["state"], "failure_class": r["failure_class"],
@@ -252,7 +258,7 @@ def timeline(run: SegmentRun, step_seconds: float) -> dict:
             "spot": bool(inst["spot"]), "offer": inst["offer_id"],
             "instance_start": tt(inst["started_at"]), "instance_stop": tt(inst["stopped_at"]),
             "work_start": None if work_start is None else tt(work_start), "resumed_step": resumed,
-            "last_step": max((p["step"] for p in points), default=None),
+            "last_step": max((p["step"] for p in points), default=None), "lateness_s": lateness * run.scale,
             "checkpoints": [{"step": c["step"], "tier": c["tier"], "at": tt(c["created_at"] - (c["save_seconds"] or 0)),
                              "save_s": c["save_seconds"]} for c in ckpts],
             "interval": at_dispatch[0] if at_dispatch else None, "dispatch_intervals": len(at_dispatch),
@@ -260,6 +266,7 @@ def timeline(run: SegmentRun, step_seconds: float) -> dict:
             "market": None if market is None else {"chosen": market["chosen"], "at": tt(market["ts"]),
                                                    **json.loads(market["inputs"])},
             "notices": [{"at": tt(n["received_at"]), "source": n.get("source")} for n in notices],
+            "notice_recorded": bool(notice_events),
         })
     switches = [{"chosen": d["chosen"], "attempt": d["attempt"], "at": tt(d["ts"]), **json.loads(d["inputs"])}
                 for d in ledger.rows("""SELECT * FROM decisions WHERE job_id = ? AND kind = 'spot_or_on_demand'
@@ -291,7 +298,11 @@ def measured_launches(tl: dict, deadline_s: float | None = None) -> tuple[list, 
                                work_at=a["work_start"], save_s=iv["save_s"], step_s=iv["step_s"], spot=a["spot"],
                                notice_seen_at=min(seen) if seen else None, released_at=a["instance_stop"],
                                stopped_step=emergency[0] if emergency else None,
-                               decision_ages={d["step"]: d["age_s"] for d in a["host_intervals"]}))
+                               decision_ages={d["step"]: d["age_s"] for d in a["host_intervals"]},
+                               # a host's speed, not a decision: on a loaded machine an emergency
+                               # save may not be durable before the reclaim wipes the host
+                               emergency_durable=bool(emergency) if a["state"] != "SUCCEEDED" else None,
+                               notice_recorded=a["notice_recorded"]))
     move = None
     ticks = [d for d in tl["deadline_decisions"] if d["chosen"] == "on_demand" and d.get("holding") == "spot"]
     if ticks:
