@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from orbit_dagster.catalog.reclaim_model import ReclaimModel, load_reclaim_model
 from orbit_dagster.catalog.traces import Trace, next_available, reclaim_offsets
 from orbit_dagster.core.errors import OrbitError
+from orbit_dagster.core.execution import Resources
 from orbit_dagster.core.interval import IntervalRule
 from orbit_dagster.core.offers import Offer, on_demand
 from orbit_dagster.policy.checkpointing import OrbitInterval
@@ -111,6 +112,7 @@ class ControlJob:
     submitted_at: float  # trace time of the submission
     deadline_s: float | None = None  # market seconds after submission
     cadence_steps: int = 10**9  # the template's every_steps (the policy may only ask for more)
+    nodes: int = Resources().nodes  # instances held at once: what dispatch reads from the template
 
 
 @dataclass
@@ -219,7 +221,7 @@ def _dispatch(n: int, launch: Launch, job: ControlJob, spot_offer: Offer, od_off
     assert offer is not None
     work_left = max(job.steps - done, 0) * launch.step_s or math.inf
     policy = OrbitInterval.for_offer(offer, save_s=launch.save_s, notice_s=job.notice_s, model=model, rates=book,
-                                     notices=notices, nodes=1)
+                                     notices=notices, nodes=job.nodes)
     decision = policy.decide(age_s=0.0, work_left_s=work_left)
     rule = policy.rule()
     tau = decision["interval_s"]

@@ -18,9 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orbit_dagster.catalog import PROVIDER_NOTICE_S
-from orbit_dagster.catalog.gpus import normalise_gpu_name, offer_spec_fields
-from orbit_dagster.catalog.reclaim_model import BAND_LABELS, load_reclaim_model
-from orbit_dagster.catalog.trace_market import ON_DEMAND, TAG_INSTANCE, trace_market
+from orbit_dagster.catalog.reclaim_model import load_reclaim_model
+from orbit_dagster.catalog.trace_market import trace_market
+from orbit_dagster.catalog.trace_market import trace_offer as market_offer
 from orbit_dagster.catalog.traces import Trace, load_trace, next_available, reclaim_offsets
 from orbit_dagster.control import attempt as attempt_module
 from orbit_dagster.control.attempt import run_attempt
@@ -46,23 +46,13 @@ LEDGER_VIEW = threading.Lock()
 
 
 def trace_offer(trace: Trace, *, at_s: float = 0.0) -> Offer:
-    """The offer a trace was measured on, as the sim market rents it: its instance type, zone,
-    interruption band and on-demand price (``catalog.trace_market``), spot at the trace's own
-    price at ``at_s`` (else the type's published figure). One instance of the zone whose
-    replay `place_segment` positions."""
+    """The offer a trace was measured on, as the sim market rents it (``catalog.trace_market.
+    trace_offer``): one instance of the zone whose replay `place_segment` positions."""
     model = load_reclaim_model()
     market = trace_market(trace, default_spot_usd_per_hour=model.spot_usd_per_hour,
                           default_on_demand_usd_per_hour=model.on_demand_usd_per_hour)
-    itype = market.instance_type or "unknown"
-    gpu = normalise_gpu_name(next((acc for (acc, n), t in TAG_INSTANCE.items() if t == itype), "v100"))
-    gpus = max(ON_DEMAND.get(itype, (1,))[0], 1)
-    spot = trace.price_at(int(at_s // trace.gap_seconds), market.spot_usd_per_hour)
-    zone = market.zone or "zone"
-    return Offer(offer_id=f"sim:{itype}:{zone}", provider="sim", instance_type=itype, gpu=gpu, gpu_count=gpus,
-                 region=market.region or zone, zone=zone,
-                 usd_per_gpu_second_on_demand=market.on_demand_usd_per_hour / 3600.0 / gpus,
-                 usd_per_gpu_second_spot=spot / 3600.0 / gpus, **offer_spec_fields(gpu),
-                 interruption_band=BAND_LABELS[market.band] if market.band is not None else None)
+    return market_offer(trace, market, at_s=at_s, provider="sim",
+                        offer_id=f"sim:{market.instance_type or 'unknown'}:{market.zone or 'zone'}")
 
 
 def place_segment(sim_dir: Path, *, trace_path: str, offer: Offer, at_s: float, scale: float,
