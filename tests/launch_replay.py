@@ -19,7 +19,10 @@ and this replay follows it, so that the two drivers can be compared decision by 
   gives the ages the real agent measured instead (where a step boundary falls is the host's
   scheduling, not a decision);
 - **the agent** saves an emergency checkpoint at the first step after it sees the notice
-  and stops; a notice that comes before the workload started leaves nothing to save;
+  and stops; a notice that comes before the workload started leaves nothing to save; an
+  emergency save that is not durable by the reclaim (``Launch.emergency_durable``: measured,
+  or modelled from the save time) saves nothing, and the ledger then knows of the notice only
+  from its event (``Launch.notice_recorded``);
 - **every decision tick** on spot (the price sensor) it asks ``spot_or_on_demand`` again
   (its availability estimate updated with the same reclaims and up-time as the rate),
   holding spot, for the work done so far; "on_demand" moves the job make-before-break: the
@@ -29,7 +32,8 @@ and this replay follows it, so that the two drivers can be compared decision by 
   release) and whether it was reclaimed; per reclaim whether a notice came.
 
 Platform timings are inputs, not decisions (``Launch``: when each instance came up, when
-its first step began, when its agent saw the notice), measured from a real run or chosen.
+its first step began, when its agent saw the notice, whether its emergency save was durable
+before the reclaim), measured from a real run or chosen.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from orbit_dagster.catalog.reclaim_model import ReclaimModel, load_reclaim_model
 from orbit_dagster.catalog.traces import Trace, next_available, reclaim_offsets
 from orbit_dagster.core.errors import OrbitError
+from orbit_dagster.core.execution import Resources
 from orbit_dagster.core.interval import IntervalRule
 from orbit_dagster.core.offers import Offer, on_demand
 from orbit_dagster.policy.checkpointing import OrbitInterval
@@ -66,6 +71,17 @@ class Launch:
     # The instance's age (market seconds) at which the agent re-decided the interval, by the
     # step it decided at (None: the step's modelled time on the trace clock).
     decision_ages: dict[int, float] | None = None
+    # Whether the emergency checkpoint the agent began at a reclaim's notice (or at a move's
+    # SIGTERM) became durable: the ledger has it. None: modelled: at a reclaim it takes `save_s`
+    # from the step the agent stopped at and counts only if durable by the reclaim; at a move it
+    # counts. How long a save takes on the host is the host's speed, not a decision: a loaded
+    # machine that finishes one too late loses the work since the newest durable checkpoint,
+    # and the control plane counts the notice as missed.
+    emergency_durable: bool | None = None
+    # Whether a notice event reached the ledger before the host's disk was wiped (None: yes,
+    # when the notice came at all). With no emergency checkpoint either, the ledger counts
+    # the reclaim as one without a notice (control.dispatch.fleet_notices), as the replay does.
+    notice_recorded: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +112,7 @@ class ControlJob:
     submitted_at: float  # trace time of the submission
     deadline_s: float | None = None  # market seconds after submission
     cadence_steps: int = 10**9  # the template's every_steps (the policy may only ask for more)
+    nodes: int = Resources().nodes  # instances held at once: what dispatch reads from the template
 
 
 @dataclass
@@ -152,7 +169,7 @@ def replay_control(trace: Trace, offer: Offer, job: ControlJob, launches: list[L
             up_to = launch.released_at if launch.released_at is not None else a.release_at
             book.for_offer(spot_offer).observe(1 if lost else 0, max(up_to - a.instance_at, 0.0))
             if lost:
-                notices.observe(1, 0 if job.notice_s > 0 else 1)
+                notices.observe(1, 0 if _notice_known(a, launch, job) else 1)
         if switch_at is not None:  # on demand from here on: the given spot launches are moot
             if move is None:
                 raise OrbitError("the replay moved to on-demand but was given no move timings", field="move",
@@ -165,6 +182,15 @@ def replay_control(trace: Trace, offer: Offer, job: ControlJob, launches: list[L
                              decision_ages=nxt.decision_ages if not nxt.spot else None)
     return {"attempts": [vars(a) for a in attempts], "switches": switches, "finished": done >= job.steps,
             "migrations": sum(1 for a in attempts if a.end == "migration")}
+
+
+def _notice_known(a: Attempt, launch: Launch, job: ControlJob) -> bool:
+    """Whether the ledger knows the reclaim came with a notice: an emergency checkpoint of the
+    attempt, or a notice event (``control.dispatch.fleet_notices``)."""
+    if job.notice_s <= 0:
+        return False
+    recorded = launch.notice_recorded if launch.notice_recorded is not None else True
+    return bool(a.caught) or recorded
 
 
 def _market(job: ControlJob, spot_offer: Offer, od_offer: Offer | None, book: RateBook, *, at: float,
@@ -195,7 +221,7 @@ def _dispatch(n: int, launch: Launch, job: ControlJob, spot_offer: Offer, od_off
     assert offer is not None
     work_left = max(job.steps - done, 0) * launch.step_s or math.inf
     policy = OrbitInterval.for_offer(offer, save_s=launch.save_s, notice_s=job.notice_s, model=model, rates=book,
-                                     notices=notices, nodes=1)
+                                     notices=notices, nodes=job.nodes)
     decision = policy.decide(age_s=0.0, work_left_s=work_left)
     rule = policy.rule()
     tau = decision["interval_s"]
@@ -233,7 +259,7 @@ def _session(trace: Trace, a: Attempt, launch: Launch, job: ControlJob, spot_off
 
     # How it ends, by default: the final step's durable checkpoint.
     stop_at = time_of(job.steps) if w is not None else math.inf
-    end, last, emergency = "finished", job.steps, False
+    end, last, emergency, late = "finished", job.steps, False, False
     if reclaim is not None and job.notice_s > 0:
         seen = launch.notice_seen_at if launch.notice_seen_at is not None else reclaim - job.notice_s
         if seen < stop_at:
@@ -243,6 +269,10 @@ def _session(trace: Trace, a: Attempt, launch: Launch, job: ControlJob, spot_off
                 last = a.stop_step_model = first_step_after(seen)
                 last = launch.stopped_step if launch.stopped_step is not None else last
                 stop_at, end, emergency = time_of(last), "reclaim", True
+                durable = (launch.emergency_durable if launch.emergency_durable is not None
+                           else stop_at + launch.save_s <= reclaim)
+                if not durable:  # the save was cut short: the agent stopped, the host went at the reclaim
+                    stop_at, emergency, late = reclaim, False, True
     elif reclaim is not None and reclaim < stop_at:  # no notice: killed where it stands
         stop_at, end, last = reclaim, "reclaim", steps_by(reclaim)
     # The sensor sees the attempt running until the control plane has released its instance.
@@ -259,11 +289,13 @@ def _session(trace: Trace, a: Attempt, launch: Launch, job: ControlJob, spot_off
             last = a.stop_step_model = min(first_step_after(told), job.steps)
             last = launch.stopped_step if launch.stopped_step is not None else last
             stop_at, end, emergency = time_of(last), "migration", last < job.steps
+            if emergency and launch.emergency_durable is False:  # killed at the end of its grace, unsaved
+                emergency, late = False, True
     every = a.interval_steps
     k = (k0 // every + 1) * every
     while k <= min(last, job.steps - 1):
-        if emergency and k == last:
-            break  # that step's save is the emergency one
+        if (emergency or late) and k == last:
+            break  # that step's save is the emergency one (durable or cut short)
         if end == "reclaim" and not emergency and time_of(k) + launch.save_s > stop_at:
             break  # killed before this save completed
         a.checkpoints.append({"step": k, "at": time_of(k), "tier": "durable"})

@@ -2,14 +2,18 @@
 
     python -m orbit_dagster.catalog.fit_reclaims SHARED_DATA_DIR [--out FILE]
 
-Reads the traces of the **training split** under ``SHARED_DATA_DIR/traces`` (``TRAINING_TRACES``:
-the four 45-day p3.2xlarge availability traces collected from 2023-02-15, the earliest
-collection) and the AWS spot-advisor CSV under ``SHARED_DATA_DIR/prices`` (for each trace's
-interruption band), and writes derived figures only (shapes, means, rates, prices) to
-``orbit_dagster/data/reclaim_model.json``. Every other trace -- the later preemption and
-multi-node traces here, and any trace added to the directory -- is an **evaluation** trace:
-the benchmark reports only on those (``split_traces``), so no figure is measured on data
-the model was fitted on.
+Reads the traces of the **training split** under ``SHARED_DATA_DIR/traces`` and the AWS
+spot-advisor CSV under ``SHARED_DATA_DIR/prices`` (for each trace's interruption band), and
+writes derived figures only (shapes, means, rates, prices) to
+``orbit_dagster/data/reclaim_model.json``.
+
+The split is by **collection**: a trace's source (``catalog.traces.trace_source``: its data
+set directory and cloud) and start date (``trace_date``). The training split is the
+collections in ``TRAINING_COLLECTIONS`` (the 1-node p3.2xlarge availability traces collected
+from 2023-02-15, the earliest); every other trace -- another source, another date, a trace
+without a date, any trace added to the directory -- is **held out**, whole collections at a
+time, so that no zone of a collection is on both sides. The benchmark reports only on the
+held-out traces (``split_traces``), so no figure is measured on data the model was fitted on.
 """
 from __future__ import annotations
 
@@ -22,21 +26,31 @@ from pathlib import Path
 from orbit_dagster.catalog.reclaim_model import MODEL_FILE, ReclaimModel, fit_reclaim_model, mean_trace_price
 from orbit_dagster.catalog.trace_market import ON_DEMAND
 from orbit_dagster.catalog.trace_market import parse_trace_name as _parse
-from orbit_dagster.catalog.traces import Trace, load_traces
+from orbit_dagster.catalog.traces import Trace, load_traces, trace_date, trace_source
 from orbit_dagster.core.errors import OrbitError
 
-#: The leave-out split "train-2023-02": the model is fitted on these traces only.
-SPLIT_NAME = "train-2023-02"
-TRAINING_TRACES = ("aws-2023-02-15_us-east-1a_v100_1", "aws-2023-02-15_us-east-2a_v100_1",
-                   "aws-2023-02-15_us-west-2a_v100_1", "aws-2023-02-15_us-west-2b_v100_1")
+#: The split "by-collection": the model is fitted on the traces of these (source, start date)
+#: collections only; every other trace is held out.
+SPLIT_NAME = "by-collection"
+TRAINING_COLLECTIONS = (("availability/aws", date(2023, 2, 15)),)
 
 ADVISOR_CSV = Path("prices") / "aws_spot_advisor_accelerators.csv"
 
 
+def collection(trace: Trace) -> tuple[str, date | None]:
+    """The collection a trace belongs to: its source and its start date."""
+    return trace_source(trace), trace_date(trace)
+
+
 def split_traces(traces: list[Trace]) -> tuple[list[Trace], list[Trace]]:
-    """(training, evaluation): the training split's traces, and every other one."""
-    train = [t for t in traces if t.name in TRAINING_TRACES]
-    return train, [t for t in traces if t.name not in TRAINING_TRACES]
+    """(training, held out): the traces of the training collections, and every other one."""
+    train = [t for t in traces if collection(t) in TRAINING_COLLECTIONS]
+    return train, [t for t in traces if collection(t) not in TRAINING_COLLECTIONS]
+
+
+def describe_split() -> str:
+    """The training collections, for messages and reports."""
+    return ", ".join(f"{src} {day.isoformat()}" for src, day in TRAINING_COLLECTIONS)
 
 
 def parse_trace_name(name: str) -> tuple[date, str, str] | None:
@@ -68,7 +82,8 @@ def fit_from_dir(data_dir: Path) -> ReclaimModel:
     train, _ = split_traces(load_traces(data_dir))
     if not train:
         raise OrbitError(f"no training trace under {data_dir}", field="SHARED_DATA_DIR", value=str(data_dir),
-                         fix="pass the shared data directory (traces/ must hold: " + ", ".join(TRAINING_TRACES) + ")")
+                         fix="pass the shared data directory (traces/ must hold the collections " + describe_split()
+                         + ")")
     return fit_from_traces(train, advisor_rows(data_dir))
 
 
@@ -100,7 +115,8 @@ def fit_from_traces(traces: list[Trace], rows: list[dict[str, str]]) -> ReclaimM
         raise OrbitError("no on-demand list price for the traced instance types", field="instance_type",
                          value=sorted(itypes), fix="add the type to catalog.trace_market.ON_DEMAND with its source")
     notes["on_demand"] = f"on-demand list price of {sorted(itypes)[0]}: {od[0]:g} $/h (catalog.trace_market.ON_DEMAND)"
-    notes["split"] = f"leave-out split {SPLIT_NAME}: fitted on the training traces only (fitted_from)"
+    notes["split"] = (f"split {SPLIT_NAME}: fitted on the training collections only ({describe_split()}; "
+                      "the traces in fitted_from)")
     notes["spot"] = "tick-weighted mean of the 'prices' field of the preemption traces"
     if spot is None and savings_seen:  # no priced trace: the advisor's savings against the list price
         spot = od[0] * (1 - sum(savings_seen) / len(savings_seen) / 100)

@@ -31,8 +31,11 @@ from datetime import date
 
 from orbit_dagster.catalog import PROVIDER_NOTICE_S
 from orbit_dagster.catalog.aws import load_advisor
+from orbit_dagster.catalog.gpus import normalise_gpu_name, offer_spec_fields
+from orbit_dagster.catalog.reclaim_model import BAND_LABELS
 from orbit_dagster.catalog.traces import CLOUDS, SHARED_NAME, Trace
 from orbit_dagster.core.errors import OrbitError
+from orbit_dagster.core.offers import Offer
 
 #: Reclaim notice per cloud: AWS's instance-action warning and GCP's preemption notice.
 CLOUD_NOTICE_S = {"aws": PROVIDER_NOTICE_S["aws"], "gcp": PROVIDER_NOTICE_S["gce"]}
@@ -194,3 +197,23 @@ def trace_market(trace: Trace, *, default_spot_usd_per_hour: float, default_on_d
                        instance_type=itype, nodes=nodes, gpus_per_node=gpus, on_demand_usd_per_hour=od,
                        spot_usd_per_hour=round(spot, 6), spot_from_trace=trace.prices is not None, notice_s=notice,
                        band=band, sources=sources)
+
+
+def trace_offer(trace: Trace, market: TraceMarket, *, at_s: float = 0.0, provider: str | None = None,
+                offer_id: str | None = None) -> Offer:
+    """The offer a trace was measured on, as a market rents it: one instance of its type in its
+    zone, its interruption band and on-demand price, spot at the trace's own price at trace
+    second ``at_s`` (else the type's published figure). ``provider``: who rents it (default the
+    trace's cloud, whose notice `rank_offers` looks up by provider); ``offer_id`` default
+    ``trace:<name>``. A type whose GPU is not in the name table is taken to be a V100 (the
+    shared data set's GPU)."""
+    itype = market.instance_type or "unknown"
+    gpu = normalise_gpu_name(next((acc for (acc, n), t in TAG_INSTANCE.items() if t == itype), "v100"))
+    gpus = max(ON_DEMAND.get(itype, (1,))[0], 1)
+    spot = trace.price_at(int(at_s // trace.gap_seconds), market.spot_usd_per_hour)
+    zone = market.zone or "zone"
+    return Offer(offer_id=offer_id or f"trace:{trace.name}", provider=provider or market.cloud or "sim",
+                 instance_type=itype, gpu=gpu, gpu_count=gpus, region=market.region or zone, zone=zone,
+                 usd_per_gpu_second_on_demand=market.on_demand_usd_per_hour / 3600.0 / gpus,
+                 usd_per_gpu_second_spot=spot / 3600.0 / gpus, **offer_spec_fields(gpu),
+                 interruption_band=BAND_LABELS[market.band] if market.band is not None else None)

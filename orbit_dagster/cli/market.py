@@ -37,7 +37,8 @@ def offers(gpu: str | None, max_price: float | None, gpu_count: int, save_second
 
 
 @click.command()
-@click.option("--trace", "trace", required=True, type=click.Path(), help="a spot trace file (formats: docs/policies.md)")
+@click.option("--trace", "trace", required=True, multiple=True, type=click.Path(),
+              help="a spot trace file (formats: docs/policies.md); several: one job over them as offers")
 @click.option("--policy", default=None, help="notice-only, fixed-30m, young-daly, young-daly-true, hindsight, orbit "
               "(or none); with a deadline: greedy, uniform-progress, orbit, optimal (default: all)")
 @click.option("--job-hours", type=float, default=None)
@@ -50,13 +51,15 @@ def offers(gpu: str | None, max_price: float | None, gpu_count: int, save_second
 @click.option("--notice-miss-rate", type=float, default=0.0, show_default=True, help="share of notices lost")
 @click.option("--starts", type=int, default=8, show_default=True, help="jobs per trace, evenly spaced")
 @click.option("--json", "as_json", is_flag=True)
-def simulate(trace: str, policy: str | None, job_hours: float | None, deadline_hours: float | None, cloud: str | None,
+def simulate(trace: tuple[str, ...], policy: str | None, job_hours: float | None, deadline_hours: float | None, cloud: str | None,
              notice_seconds: float | None, save_seconds: float, restore_seconds: float, notice_miss_rate: float,
              starts: int, as_json: bool) -> None:
     """Replay a spot trace through the policies the control plane uses (deterministic).
 
     The trace's cloud (its notice and prices) is --cloud, else the file's metadata.cloud; a trace
-    with neither is refused. Only the shared data set's files are named by cloud (its SOURCES.md)."""
+    with neither is refused. Only the shared data set's files are named by cloud (its SOURCES.md).
+    Several --trace: one job over them as offers (dispatch's ranking, its avoided offers and
+    the price sensor's migration rule replayed; the orbit policy, no deadline)."""
     from .simulate import format_result_table, simulate_command
 
     result = simulate_command(trace, policy, job_hours, deadline_hours, notice_seconds, save_seconds=save_seconds,

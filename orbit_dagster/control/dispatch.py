@@ -19,6 +19,7 @@ from ..core.lifecycle import JobState
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
 from ..policy.checkpointing import OrbitInterval, StaticYoungDaly
+from ..policy.offer_choice import MAX_OFFERS_TRIED
 from ..policy.reclaim_rate import NoticeReliability, RateBook
 from ..providers.base import InstanceHandle, LaunchSpec, Provider, RunHandle
 from ..settings import Settings
@@ -33,7 +34,6 @@ from .recovery import offers_to_avoid
 
 # An AWS instance can take ~10 minutes to boot; after this the reconciler ends the attempt.
 DISPATCH_TIMEOUT_S = 20 * 60.0
-MAX_OFFERS_TRIED = 5
 
 
 def dispatch(settings: Settings, ledger: Ledger, job: dict, *, dagster_run_id: str | None,
@@ -214,7 +214,8 @@ def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_
     here for the instance's age 0, in seconds of work, turned into steps with the measured
     step time; `orbit`'s rule (`OrbitInterval.rule`) goes to the host, which asks it again
     after each durable save for the instance's age then, as `orbit simulate` does. Times go
-    to the policy in the market's seconds (`market_clock.time_scale`)."""
+    to the policy in the market's seconds (`market_clock.time_scale`); the group size is the
+    template's (`Resources.nodes`)."""
 
     scale = time_scale(provider)
     book = RateBook()
@@ -233,7 +234,7 @@ def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_
     if name == "orbit":
         policy = OrbitInterval.for_offer(offer, save_s=save_s, notice_s=notice_s, rates=book,
                                          notices=fleet_notices(ledger, provider.name),
-                                         nodes=1)  # a job is one instance (no `resources.nodes` yet)
+                                         nodes=template.resources.nodes)
         decision = policy.decide(age_s=0.0, work_left_s=work_left_s)
         rule = policy.rule().as_record()
     elif name == "young-daly":

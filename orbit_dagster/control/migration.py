@@ -17,14 +17,14 @@ A failure before step 2 leaves the job where it was (the replacement is released
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 from ..core.offers import Offer, on_demand
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
-from ..policy.migration import risk_rising, should_migrate
+from ..policy.migration import WINDOWS, decide_move, risk_rising
+from ..policy.migration import risk_history as policy_risk_history
 from ..policy.offer_choice import RESTORE_PRIOR_S
-from ..policy.reclaim_rate import ReclaimRateEstimator
 from ..providers.base import RunHandle
 from ..settings import Settings
 from .billing import instance_row, release
@@ -35,27 +35,19 @@ from .observations import measured_step_seconds
 from .placement import measured_save_seconds, rank_for
 from .reconcile import active_attempts
 
-WINDOWS = 4  # three rises need four windows
-
 
 def risk_history(ledger: Ledger, offer: Offer, now: datetime, window_s: float, windows: int = WINDOWS,
                  scale: float = 1.0) -> list[float]:
-    """The offer's estimated reclaim rate per (market) hour at the end of each of the last windows;
-    `scale`: market seconds per wall second of the offer's market."""
+    """The offer's estimated reclaim rate per (market) hour at the end of each of the last windows,
+    from every instance the ledger has on it (`policy.migration.risk_history`); `scale`: market
+    seconds per wall second of the offer's market."""
     lost = [float(r["state_at"]) for r in ledger.rows(
         """SELECT state_at FROM runs WHERE offer_id = ? AND state = 'LOST'
            AND coalesce(failure_class, '') <> 'migration'""", [offer.offer_id])]
     spans = [(float(r["started_at"]), None if r["stopped_at"] is None else float(r["stopped_at"]))
              for r in ledger.rows("SELECT started_at, stopped_at FROM instances WHERE offer_id = ?", [offer.offer_id])]
-    out = []
-    for k in range(windows):
-        end = (now - timedelta(seconds=(windows - 1 - k) * window_s)).timestamp()
-        exposure = sum(max(0.0, min(stop if stop is not None else end, end) - start) for start, stop in spans
-                       if start <= end)
-        est = ReclaimRateEstimator.for_offer(offer)
-        est.observe(sum(1 for t in lost if t <= end), exposure * scale)
-        out.append(est.rate_per_hour)
-    return out
+    return policy_risk_history(offer, lost, spans, now=now.timestamp(), window_s=window_s, windows=windows,
+                               scale=scale)
 
 
 def plan_migrations(settings: Settings, *, now: datetime | None = None, window_s: float | None = None) -> list[dict]:
@@ -87,22 +79,20 @@ def plan_migrations(settings: Settings, *, now: datetime | None = None, window_s
         if (current.offer_id, scale) not in histories:
             histories[(current.offer_id, scale)] = risk_history(ledger, current, now, window_s, scale=scale)
         history = histories[(current.offer_id, scale)]
-        if not risk_rising(history):
+        if not risk_rising(history, WINDOWS - 1):
             continue
         template = bundle.spec.template
         ranked, _ = rank_for(ledger, provider, bundle.spec.execution_request, job_id=job_id, attempt=attempt,
                              notice_s=provider.notice_seconds, template=template.name, avoid={current.offer_id})
-        target = next((o for o in ranked if o.offer_id != current.offer_id), None)
-        if target is None:
-            continue
         last_step = ledger.scalar("SELECT max(step) FROM metric_points WHERE run_id = ?", [row["run_id"]]) or 0
         remaining_s = max(int(template.config.get("steps", 0)) - int(last_step), 0) * measured_step_seconds(
             ledger, template.name, scale)
-        target_rate = ReclaimRateEstimator.for_offer(target).rate_per_hour
-        decision = should_migrate(history, remaining_work_s=remaining_s, current=current, target=target,
-                                  target_rate_per_hour=target_rate,
-                                  save_s=measured_save_seconds(ledger, template.name, scale),
-                                  restore_s=RESTORE_PRIOR_S, notice_s=provider.notice_seconds * scale)
+        asked = decide_move(history, current=current, ranked=ranked, remaining_work_s=remaining_s,
+                            save_s=measured_save_seconds(ledger, template.name, scale), restore_s=RESTORE_PRIOR_S,
+                            notice_s=provider.notice_seconds * scale)
+        if asked is None:
+            continue
+        target, decision = asked
         window = int(now.timestamp() // window_s)
         ledger.commit({"decisions": [{
             "decision_id": f"migration:{row['run_id']}:{window}", "job_id": job_id, "attempt": attempt,

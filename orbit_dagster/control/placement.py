@@ -16,7 +16,7 @@ from ..core.execution import ExecutionRequest
 from ..core.offers import Offer
 from ..ledger import Ledger
 from ..ledger import records as R
-from ..policy.offer_choice import RESTORE_PRIOR_S, SAVE_PRIOR_S, OfferDecision, rank_offers
+from ..policy.offer_choice import RESTORE_PRIOR_S, SAVE_PRIOR_S, OfferDecision, avoided_last, rank_offers
 from ..policy.reclaim_rate import RateBook
 from ..providers.base import Provider
 from .market_clock import time_scale
@@ -84,8 +84,7 @@ def rank_for(ledger: Ledger, provider: Provider, request: ExecutionRequest, *, j
                               gpu=request.resources.gpu, gpu_count=max(request.resources.gpu_count, 1),
                               gpu_memory_gb=request.resources.gpu_memory_gb,
                               max_price_per_gpu_hour=request.max_price_per_gpu_hour)
-    ranked = [s.offer for s in decision.ranked]
-    ranked = [o for o in ranked if o.offer_id not in avoid] + [o for o in ranked if o.offer_id in avoid]
+    ranked = avoided_last([s.offer for s in decision.ranked], avoid)
     record = decision.as_record()
     record["avoided"] = sorted(avoid)
     row = {

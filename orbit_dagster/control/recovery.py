@@ -2,7 +2,7 @@
 
 - reclaim / lost host, and retryable infrastructure failures: a new attempt resumed from
   the newest complete checkpoint of the lineage, up to `max_interruptions`; an offer that
-  keeps reclaiming this job is avoided;
+  keeps reclaiming this job goes to the back of dispatch's ranking;
 - out-of-memory: one retry with the template's whitelisted change (e.g. micro-batch
   halved, gradient accumulation doubled), when the template declares one;
 - divergence (NaN), user error: no automatic retry.
@@ -14,20 +14,20 @@ from ..core.errors import OrbitError
 from ..core.lifecycle import JobState
 from ..ledger import Ledger
 from ..ledger import records as R
+from ..policy.offer_choice import offers_to_avoid as policy_offers_to_avoid
 from ..settings import Settings
 from .submit import requeue
 
-AVOID_AFTER_RECLAIMS = 2
-
 
 def offers_to_avoid(ledger: Ledger, job_id: str) -> set[str]:
-    """Offers on which this job was reclaimed at least twice: that zone keeps reclaiming."""
+    """Offers on which this job was reclaimed `AVOID_AFTER_RECLAIMS` times or more (the rule is
+    the policy's, `policy.offer_choice.offers_to_avoid`, which the offers replay drives too).
+    A reclaim is a LOST attempt that was not a migration (a move is not the zone's doing), as
+    the reclaim rates count them (`control.observations.observed_reclaims`)."""
     rows = ledger.rows(
-        """SELECT r.offer_id, count(*) AS n FROM runs r
-           WHERE r.job_id = ? AND r.state = 'LOST' GROUP BY r.offer_id HAVING count(*) >= ?""",
-        [job_id, AVOID_AFTER_RECLAIMS],
-    )
-    return {r["offer_id"] for r in rows if r["offer_id"]}
+        """SELECT r.offer_id, count(*) AS n FROM runs r WHERE r.job_id = ? AND r.state = 'LOST'
+           AND coalesce(r.failure_class, '') <> 'migration' GROUP BY r.offer_id""", [job_id])
+    return policy_offers_to_avoid({r["offer_id"]: int(r["n"]) for r in rows if r["offer_id"]})
 
 
 def oom_change(template, current: dict) -> dict | None:

@@ -29,6 +29,14 @@ class Resources(BaseModel):
     processes: StrictInt = Field(1, ge=1, le=256, description="processes of a command workload on its instance: "
                                  "more than 1 starts it under torchrun (one rank each)")
 
+    @property
+    def nodes(self) -> int:
+        """Instances the task holds at once (a gang: a reclaim of any one stops it, so the
+        interval policy's prior rate scales with it). One: a template cannot ask for a group
+        until `resources.nodes` exists (issue 21), when this becomes that field. The one
+        place the group size is read: dispatch's interval policy and the launch replay."""
+        return 1
+
 
 class ExecutionRequest(BaseModel):
     """Placement x launch mode x resources x env, frozen into the bundle."""

@@ -20,6 +20,7 @@ from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.policy.checkpointing import CHECKPOINT_STRATEGIES, make_strategy
 from orbit_dagster.policy.deadline import Greedy, UniformProgress, run_deadline, setup_from_trace
 from orbit_dagster.policy.deadline_plan import OrbitDeadline, optimal
+from orbit_dagster.policy.offers_replay import TraceOffer, replay_offers
 from orbit_dagster.policy.simulate import JobParams, hindsight, replay_jobs, start_offsets, trace_mtbf_s
 
 #: The checkpoint policies ``orbit simulate`` reports by default (``none`` -- no checkpoint,
@@ -192,3 +193,37 @@ def _deadline_results(trace, names, job_hours, deadline_hours, notice, save, res
             "savings_vs_on_demand_pct": round((1 - cost / od_only) * 100, 2) if od_only > 0 else None,
         })
     return rows
+
+
+def simulate_offers(traces: list[Trace], *, job_hours: float = 24.0, notice_seconds: float | None = None,
+                    save_seconds: float = 60.0, restore_seconds: float = 300.0, starts: int = 8,
+                    notice_miss_rate: float = 0.0, cloud: str | None = None,
+                    model: ReclaimModel | None = None) -> dict[str, Any]:
+    """Replay jobs over several traces as offers (``policy.offers_replay``): the ``orbit`` policy
+    with every placement rule, with each rule switched off in turn, and on each offer alone.
+    Jobs start at ``starts`` evenly spaced points of the shortest trace."""
+    for name, v in (("job_hours", job_hours), ("save_seconds", save_seconds)):
+        _check_positive(name, v)
+    _check_positive("notice_seconds", notice_seconds, allow_zero=True)
+    _check_positive("restore_seconds", restore_seconds, allow_zero=True)
+    m = model or load_reclaim_model()
+    offers = [TraceOffer.of(t, model=m, cloud=cloud) for t in traces]
+    shortest = min(offers, key=lambda o: o.trace.duration_s).trace
+    jobs = [JobParams(work_s=job_hours * 3600, save_s=save_seconds, restore_s=restore_seconds, start_s=s,
+                      notice_miss_rate=notice_miss_rate) for s in start_offsets(shortest, starts)]
+    variants = [("orbit", offers, {}), ("orbit, no avoid rule", offers, {"avoid": False}),
+                ("orbit, no migration", offers, {"migrate": False})]
+    variants += [(f"orbit on {o.trace.name} only", [o], {}) for o in offers] if len(offers) > 1 else []
+    rows = []
+    for name, which, kw in variants:
+        rs = [replay_offers(which, j, model=m, notice_s=notice_seconds, **kw) for j in jobs]
+        rows.append({"policy": name, **summarise(rs, offers[0].market.gpus),
+                     "moves": round(sum(len(r.extra["moves"]) for r in rs) / len(rs), 2),
+                     "avoided_dispatches": round(sum(sum(d["offer"] != d["first"] and d["first"] in d["avoided"]
+                                                         for d in r.extra["dispatches"]) for r in rs) / len(rs), 2)})
+    return {"mode": "offers", "traces": [o.trace.name for o in offers], "job_hours": job_hours, "starts": starts,
+            "notice_miss_rate": notice_miss_rate,
+            "offers": [{"offer": o.offer.offer_id, **o.market.as_dict()} for o in offers],
+            "assumptions": {"save_seconds": save_seconds, "restore_seconds": restore_seconds,
+                            "notice": "given" if notice_seconds is not None else "each trace's cloud's"},
+            "results": rows}

@@ -15,11 +15,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from orbit_dagster.catalog.reclaim_model import ReclaimModel
 from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.core.offers import Offer
 from orbit_dagster.policy.offer_choice import expected_goodput
+from orbit_dagster.policy.reclaim_rate import ReclaimRateEstimator
 
 MAKE_BEFORE_BREAK = ("provision_replacement", "checkpoint", "switch", "release_old")
+WINDOWS = 4  # three rises need four windows
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,44 @@ def risk_rising(history: Sequence[float], windows: int = 3) -> bool:
         return False
     tail = list(history)[-(windows + 1):]
     return all(b > a for a, b in zip(tail, tail[1:]))
+
+
+def risk_history(offer: Offer, reclaim_times: Sequence[float], spans: Sequence[tuple[float, float | None]], *,
+                 now: float, window_s: float, windows: int = WINDOWS, scale: float = 1.0,
+                 model: ReclaimModel | None = None) -> list[float]:
+    """The offer's estimated reclaim rate per hour at the end of each of the last ``windows``
+    windows of ``window_s`` ending at ``now`` (oldest first): its prior, updated with the
+    reclaims at ``reclaim_times`` and the up-time of ``spans`` ((start, stop), stop None: still
+    up) up to each window's end. ``scale``: market seconds per second of these times (a
+    compressed market). Both drivers compute the risk here: the price sensor from the
+    ledger's instances (`control.migration`), the offers replay from the traces' records."""
+    out = []
+    for k in range(windows):
+        end = now - (windows - 1 - k) * window_s
+        exposure = sum(max(0.0, min(stop if stop is not None else end, end) - start) for start, stop in spans
+                       if start <= end)
+        est = ReclaimRateEstimator.for_offer(offer, model)
+        est.observe(sum(1 for t in reclaim_times if t <= end), exposure * scale)
+        out.append(est.rate_per_hour)
+    return out
+
+
+def decide_move(history: Sequence[float], *, current: Offer, ranked: Sequence[Offer], remaining_work_s: float,
+                save_s: float, restore_s: float, notice_s: float,
+                model: ReclaimModel | None = None) -> tuple[Offer, MigrationDecision] | None:
+    """The question both drivers ask at a decision tick while a job runs on ``current`` spot:
+    None when its risk has not risen ``WINDOWS - 1`` windows in a row or no other offer is
+    ranked; else the target (the best-ranked other offer, known by its prior rate: nothing
+    of it is observed until the job is there) and `should_migrate`'s decision."""
+    if not risk_rising(history, WINDOWS - 1):
+        return None
+    target = next((o for o in ranked if o.offer_id != current.offer_id), None)
+    if target is None:
+        return None
+    decision = should_migrate(history, remaining_work_s=remaining_work_s, current=current, target=target,
+                              target_rate_per_hour=ReclaimRateEstimator.for_offer(target, model).rate_per_hour,
+                              save_s=save_s, restore_s=restore_s, notice_s=notice_s, windows=WINDOWS - 1)
+    return target, decision
 
 
 def finish_cost(remaining_work_s: float, usd_per_s: float, rate_per_hour: float, *, save_s: float,

@@ -30,6 +30,11 @@ POLICY_VERSION = "offer-choice/1"
 #: `orbit offers`, the deadline and migration decisions and the launch replay all read these.
 SAVE_PRIOR_S = 1.0
 RESTORE_PRIOR_S = 10.0
+#: A dispatch provisions the first of this many best offers that has capacity now.
+MAX_OFFERS_TRIED = 5
+#: An offer on which this job was reclaimed this many times goes to the back of its ranking
+#: (dispatch's order; `orbit simulate --trace A --trace B` replays it, policy/fleet.py).
+AVOID_AFTER_RECLAIMS = 2
 
 
 class NoOfferMatches(OrbitError):
@@ -218,3 +223,19 @@ def _estimator(o: Offer, rates, model: ReclaimModel) -> ReclaimRateEstimator:
     if rates is not None and o.offer_id in rates:
         return rates[o.offer_id]
     return ReclaimRateEstimator.for_offer(o, model)
+
+
+def offers_to_avoid(reclaims_by_offer: Mapping[str, int]) -> set[str]:
+    """The offers on which this job was reclaimed at least ``AVOID_AFTER_RECLAIMS`` times.
+
+    The ranking already prices every reclaim an offer had (its rate estimate, all jobs'); this
+    rule is about the job: a zone that keeps taking *this* job's instances goes last for it,
+    whatever its estimate says, so that a run of bad luck in one zone is not retried there
+    first. Both drivers apply it: dispatch (`control.recovery`) and the offers replay."""
+    return {offer_id for offer_id, n in reclaims_by_offer.items() if n >= AVOID_AFTER_RECLAIMS}
+
+
+def avoided_last(ranked: Sequence[Offer], avoid: set[str] | frozenset[str]) -> list[Offer]:
+    """The ranking with the offers to avoid moved to its end (their order kept): still tried
+    when nothing better has capacity."""
+    return [o for o in ranked if o.offer_id not in avoid] + [o for o in ranked if o.offer_id in avoid]

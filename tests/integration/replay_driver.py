@@ -18,9 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from orbit_dagster.catalog import PROVIDER_NOTICE_S
-from orbit_dagster.catalog.gpus import normalise_gpu_name, offer_spec_fields
-from orbit_dagster.catalog.reclaim_model import BAND_LABELS, load_reclaim_model
-from orbit_dagster.catalog.trace_market import ON_DEMAND, TAG_INSTANCE, trace_market
+from orbit_dagster.catalog.reclaim_model import load_reclaim_model
+from orbit_dagster.catalog.trace_market import trace_market
+from orbit_dagster.catalog.trace_market import trace_offer as market_offer
 from orbit_dagster.catalog.traces import Trace, load_trace, next_available, reclaim_offsets
 from orbit_dagster.control import attempt as attempt_module
 from orbit_dagster.control.attempt import run_attempt
@@ -46,23 +46,13 @@ LEDGER_VIEW = threading.Lock()
 
 
 def trace_offer(trace: Trace, *, at_s: float = 0.0) -> Offer:
-    """The offer a trace was measured on, as the sim market rents it: its instance type, zone,
-    interruption band and on-demand price (``catalog.trace_market``), spot at the trace's own
-    price at ``at_s`` (else the type's published figure). One instance of the zone whose
-    replay `place_segment` positions."""
+    """The offer a trace was measured on, as the sim market rents it (``catalog.trace_market.
+    trace_offer``): one instance of the zone whose replay `place_segment` positions."""
     model = load_reclaim_model()
     market = trace_market(trace, default_spot_usd_per_hour=model.spot_usd_per_hour,
                           default_on_demand_usd_per_hour=model.on_demand_usd_per_hour)
-    itype = market.instance_type or "unknown"
-    gpu = normalise_gpu_name(next((acc for (acc, n), t in TAG_INSTANCE.items() if t == itype), "v100"))
-    gpus = max(ON_DEMAND.get(itype, (1,))[0], 1)
-    spot = trace.price_at(int(at_s // trace.gap_seconds), market.spot_usd_per_hour)
-    zone = market.zone or "zone"
-    return Offer(offer_id=f"sim:{itype}:{zone}", provider="sim", instance_type=itype, gpu=gpu, gpu_count=gpus,
-                 region=market.region or zone, zone=zone,
-                 usd_per_gpu_second_on_demand=market.on_demand_usd_per_hour / 3600.0 / gpus,
-                 usd_per_gpu_second_spot=spot / 3600.0 / gpus, **offer_spec_fields(gpu),
-                 interruption_band=BAND_LABELS[market.band] if market.band is not None else None)
+    return market_offer(trace, market, at_s=at_s, provider="sim",
+                        offer_id=f"sim:{market.instance_type or 'unknown'}:{market.zone or 'zone'}")
 
 
 def place_segment(sim_dir: Path, *, trace_path: str, offer: Offer, at_s: float, scale: float,
@@ -235,6 +225,9 @@ def timeline(run: SegmentRun, step_seconds: float) -> dict:
                                 AND name = 'train/loss' ORDER BY step""", [r["run_id"]])
         # the first step began one pace after work started; every step keeps the pace
         work_start = min((p["ts"] - (p["step"] - resumed) * step_seconds for p in points), default=None)
+        # how far behind its pace the workload's steps ran (the host's scheduling, not a
+        # decision): what a loaded machine adds to a step's time on the trace clock
+        lateness = max((p["ts"] - work_start - (p["step"] - resumed) * step_seconds for p in points), default=0.0)
         decided = [{"steps": int(d["chosen"]), **json.loads(d["inputs"])} for d in ledger.rows(
             """SELECT chosen, inputs FROM decisions WHERE job_id = ? AND attempt = ?
                AND kind = 'checkpoint_interval'""", [run.job_id, r["attempt"]])]
@@ -245,6 +238,9 @@ def timeline(run: SegmentRun, step_seconds: float) -> dict:
                                AND kind = 'spot_or_on_demand' ORDER BY ts LIMIT 1""", [run.job_id, r["attempt"]])
         notices = [json.loads(e["detail"] or "{}") for e in ledger.rows(
             "SELECT detail FROM events WHERE run_id = ? AND kind = 'host_notice'", [r["run_id"]])]
+        # what control.dispatch.fleet_notices counts as a notice the ledger knows of
+        notice_events = ledger.scalar("""SELECT count(*) FROM events WHERE run_id = ?
+                                         AND kind IN ('notice', 'host_notice')""", [r["run_id"]])
         spec = json.loads((run.settings.sim_dir / "instances" / r["instance_id"] / "instance.json").read_text())
         attempts.append({
             "attempt": r["attempt"], "state": r["state"], "failure_class": r["failure_class"],
@@ -252,7 +248,7 @@ def timeline(run: SegmentRun, step_seconds: float) -> dict:
             "spot": bool(inst["spot"]), "offer": inst["offer_id"],
             "instance_start": tt(inst["started_at"]), "instance_stop": tt(inst["stopped_at"]),
             "work_start": None if work_start is None else tt(work_start), "resumed_step": resumed,
-            "last_step": max((p["step"] for p in points), default=None),
+            "last_step": max((p["step"] for p in points), default=None), "lateness_s": lateness * run.scale,
             "checkpoints": [{"step": c["step"], "tier": c["tier"], "at": tt(c["created_at"] - (c["save_seconds"] or 0)),
                              "save_s": c["save_seconds"]} for c in ckpts],
             "interval": at_dispatch[0] if at_dispatch else None, "dispatch_intervals": len(at_dispatch),
@@ -260,6 +256,7 @@ def timeline(run: SegmentRun, step_seconds: float) -> dict:
             "market": None if market is None else {"chosen": market["chosen"], "at": tt(market["ts"]),
                                                    **json.loads(market["inputs"])},
             "notices": [{"at": tt(n["received_at"]), "source": n.get("source")} for n in notices],
+            "notice_recorded": bool(notice_events),
         })
     switches = [{"chosen": d["chosen"], "attempt": d["attempt"], "at": tt(d["ts"]), **json.loads(d["inputs"])}
                 for d in ledger.rows("""SELECT * FROM decisions WHERE job_id = ? AND kind = 'spot_or_on_demand'
@@ -291,7 +288,11 @@ def measured_launches(tl: dict, deadline_s: float | None = None) -> tuple[list, 
                                work_at=a["work_start"], save_s=iv["save_s"], step_s=iv["step_s"], spot=a["spot"],
                                notice_seen_at=min(seen) if seen else None, released_at=a["instance_stop"],
                                stopped_step=emergency[0] if emergency else None,
-                               decision_ages={d["step"]: d["age_s"] for d in a["host_intervals"]}))
+                               decision_ages={d["step"]: d["age_s"] for d in a["host_intervals"]},
+                               # a host's speed, not a decision: on a loaded machine an emergency
+                               # save may not be durable before the reclaim wipes the host
+                               emergency_durable=bool(emergency) if a["state"] != "SUCCEEDED" else None,
+                               notice_recorded=a["notice_recorded"]))
     move = None
     ticks = [d for d in tl["deadline_decisions"] if d["chosen"] == "on_demand" and d.get("holding") == "spot"]
     if ticks:

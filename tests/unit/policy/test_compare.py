@@ -77,6 +77,31 @@ def test_cli_prints_one_line_errors_and_json(trace_file, tmp_path):
     assert doc["results"][0]["policy"] == "fixed-30m" and doc["assumptions"]["save_seconds"] == 10
 
 
+def test_several_traces_are_offers_of_one_job(trace_file, tmp_path):
+    t = generate_trace(M, 22, 3 * 86400, 60)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"metadata": {"gap_seconds": t.gap_seconds, "cloud": "aws"}, "data": list(t.data),
+                                 "prices": [p * 1.2 for p in t.prices]}))
+    a = simulate_command((trace_file, other), job_hours=4, starts=2, model=M)
+    assert a == simulate_command((trace_file, other), job_hours=4, starts=2, model=M)
+    rows = {r["policy"]: r for r in a["results"]}
+    assert list(rows) == ["orbit", "orbit, no avoid rule", "orbit, no migration", "orbit on synthetic only",
+                          "orbit on other only"]
+    assert all(r["finished"] == r["jobs"] == 2 for r in rows.values())
+    assert rows["orbit, no avoid rule"]["avoided_dispatches"] == 0 and rows["orbit, no migration"]["moves"] == 0
+    table = format_result_table(a)
+    assert "trace:synthetic" in table and "avoided" in table and "moves" in table
+    for kw, field in ((dict(deadline_hours=6), "deadline_hours"), (dict(policy="fixed-30m"), "policy")):
+        with pytest.raises(OrbitError) as err:
+            simulate_command((trace_file, other), model=M, **kw)
+        assert err.value.field == field
+    exe = [sys.executable, "-m", "orbit_dagster.cli", "simulate", "--trace", str(trace_file), "--trace", str(other),
+           "--job-hours", "2", "--starts", "1", "--json"]
+    out = subprocess.run(exe, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["traces"] == ["synthetic", "other"]
+
+
 def test_lost_notice_seeds_multiply_the_jobs_and_stay_deterministic(trace_file):
     one = simulate_command(trace_file, job_hours=3, starts=2, model=M, notice_miss_rate=0.3, policy="orbit")
     three = simulate_command(trace_file, job_hours=3, starts=2, model=M, notice_miss_rate=0.3, policy="orbit", seeds=3)

@@ -110,3 +110,43 @@ def test_a_spot_launch_where_the_trace_has_no_capacity_is_refused():
         replay_control(TRACE, OFFER, JOB, [bad], model=model())
     assert err.value.field == "instance_at"
     assert math.isclose(err.value.value, 6100.0)
+
+
+def test_an_emergency_save_not_durable_by_the_reclaim_saves_nothing_and_the_ledger_counts_a_missed_notice():
+    """A host too slow to finish its emergency save before the reclaim (a loaded machine): the
+    agent stopped at the notice, the work since the newest durable checkpoint is lost, the
+    instance is held to the reclaim, and with no notice event either the ledger counts a
+    reclaim without a notice, which the next dispatch's policy is told."""
+    caught = two_attempts()["attempts"][0]
+    out = two_attempts(emergency_durable=False, notice_recorded=False)
+    first, second = out["attempts"]
+    assert first["checkpoints"] == [c for c in caught["checkpoints"] if c["tier"] == "durable"]
+    newest = first["checkpoints"][-1]["step"]
+    assert (first["end"], first["caught"], first["release_at"]) == ("reclaim", False, 6000.0)
+    assert first["stop_step_model"] == 558 and first["lost_steps"] == 558 - newest > 0
+    assert second["resumed_step"] == newest
+    assert second["notices"] == NoticeReliability(reclaims=1, missed=1).as_record()
+    assert second["rate"]["exposure_s"] == pytest.approx(6000.0)  # held to the reclaim
+    # its notice event reached the ledger: a reclaim with a notice, though nothing was saved
+    recorded = two_attempts(emergency_durable=False, notice_recorded=True)["attempts"][1]
+    assert recorded["resumed_step"] == newest
+    assert recorded["notices"] == NoticeReliability(reclaims=1, missed=0).as_record()
+
+
+def test_unmeasured_the_emergency_save_counts_only_if_its_save_time_fits_before_the_reclaim():
+    # the agent stops at step 558 (5880 s): a 100 s save is durable at 5980 s, a 130 s one too late
+    fits = two_attempts(save_s=100.0)["attempts"][0]
+    assert fits["caught"] is True and fits["checkpoints"][-1]["tier"] == "emergency"
+    late = two_attempts(save_s=130.0)["attempts"][0]
+    assert late["caught"] is False and late["lost_steps"] > 0
+    assert all(c["tier"] == "durable" for c in late["checkpoints"])
+
+
+def test_a_move_whose_emergency_save_was_not_durable_resumes_from_the_newest_durable_checkpoint():
+    job = ControlJob(steps=100, step_s=10.0, notice_s=120.0, submitted_at=0.0, deadline_s=1500.0)
+    launch = Launch(dispatch_at=0.0, instance_at=0.0, work_at=100.0, save_s=5.0, step_s=10.0, emergency_durable=False)
+    ticks = (Tick(at=180.0, known_step=5, step_s=10.0, save_s=5.0),)
+    move = Move(emergency_after_s=25.0, instance_after_s=10.0, work_after_s=60.0, dispatch_after_s=40.0)
+    first, second = replay_control(TRACE, OFFER, job, [launch], ticks=ticks, move=move, model=model())["attempts"]
+    assert first["end"] == "migration" and first["checkpoints"] == [] and first["stop_step_model"] == 11
+    assert second["resumed_step"] == 0 and second["checkpoints"][-1]["step"] == 100

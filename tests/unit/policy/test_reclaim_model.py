@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from orbit_dagster.catalog.fit_reclaims import (
-    TRAINING_TRACES,
+    TRAINING_COLLECTIONS,
+    collection,
     fit_from_dir,
     main,
     parse_trace_name,
@@ -39,8 +40,11 @@ def test_the_leave_out_split_is_really_left_out(shared_data):
     """Fails if an evaluation trace was used to fit the shipped model (or the split leaks)."""
     train, evaluation = split_traces(load_traces(shared_data))
     shipped = load_reclaim_model()
-    assert {t.name for t in train} == set(TRAINING_TRACES) == set(shipped.fitted_from)
-    assert evaluation and not ({t.name for t in evaluation} & set(shipped.fitted_from))
+    assert {t.name for t in train} == set(shipped.fitted_from) and len(train) == 4
+    assert {collection(t) for t in train} == set(TRAINING_COLLECTIONS)
+    # whole collections on each side: no source and date both trained on and held out
+    assert evaluation and not ({collection(t) for t in evaluation} & set(TRAINING_COLLECTIONS))
+    assert not ({t.name for t in evaluation} & set(shipped.fitted_from))
     assert not ({t.name for t in evaluation} & {p["name"] for p in shipped.per_trace})
     # the bench refuses to report on a trace the model was fitted on
     import importlib.util
@@ -51,6 +55,24 @@ def test_the_leave_out_split_is_really_left_out(shared_data):
     bench.load_reclaim_model = lambda: leaky
     with pytest.raises(SystemExit, match="fitted on evaluation traces"):
         bench.run(shared_data, 1, True, log=lambda s: None)
+
+
+def test_the_split_is_by_source_and_date_and_holds_out_what_it_cannot_place(tmp_path):
+    """A trace trains the model only when its collection (source and start date) is a training
+    one: the same zone collected on another day, another source, or no date at all is held out."""
+    (tmp_path / "SOURCES.md").write_text("test data set\n")
+    day = TRAINING_COLLECTIONS[0][1].isoformat()
+    names = {"availability": [f"aws-{day}_us-east-1a_v100_1", "aws-2024-01-01_us-east-1a_v100_1"],
+             "preemption": [f"aws-{day}_us-west-2b_v100_1"], "other": ["undated"]}
+    for folder, files in names.items():
+        (tmp_path / "traces" / folder).mkdir(parents=True)
+        for name in files:
+            meta = {"gap_seconds": 60, **({"cloud": "aws"} if name == "undated" else {})}
+            (tmp_path / "traces" / folder / f"{name}.json").write_text(json.dumps({"metadata": meta, "data": [1, 0, 1]}))
+    train, held = split_traces(load_traces(tmp_path))
+    assert [t.name for t in train] == [f"aws-{day}_us-east-1a_v100_1"]
+    assert sorted(t.name for t in held) == sorted(["aws-2024-01-01_us-east-1a_v100_1", f"aws-{day}_us-west-2b_v100_1",
+                                                   "undated"])
 
 
 def test_fit_cli_writes_a_loadable_model(shared_data, tmp_path):
