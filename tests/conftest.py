@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,17 @@ def shared_data() -> Path:
     if d is None:
         pytest.skip("needs the shared public data set (../shared/data or $ORBIT_SHARED_DATA); absent on this machine")
     return d
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers():
+    """Each test starts with the handlers the session had and leaves them so: Dagster's
+    in-process execution (`materialize`) turns SIGTERM into KeyboardInterrupt and does not
+    put the old handler back, which changed how later tests that signal themselves ran."""
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in kept.items():
+        signal.signal(sig, handler)
 
 
 @pytest.fixture(autouse=True)
