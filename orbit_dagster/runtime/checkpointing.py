@@ -5,14 +5,15 @@
    long and the notice lands mid-step;
 2. durable: every N steps to the checkpoint store. The training thread only copies the
    state to host memory (pinned buffers, reused between saves, when the state is on a
-   GPU) and goes on; a background thread serialises, hashes and writes it;
+   GPU) and goes on; a background thread serialises it straight into the store, whose
+   threads hash and write its parts meanwhile (storage/parts.py);
 3. emergency: on a reclaim notice, the newest state is persisted synchronously, ahead of
    anything else, and reported before the deadline.
 A checkpoint becomes visible only with its manifest (see orbit_dagster.storage).
 
 Each byte is hashed once (see runtime.encoding). Every checkpoint event reports `save_seconds` (save call -> checkpoint durable),
 `blocked_seconds` (of that, the training thread's share) and `write_seconds` (serialise,
-hash and store put).
+hash and write, manifest last).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import torch
 from ..core.host_contract import Checkpoint
 from ..storage.base import CheckpointManifest, CheckpointStore, checkpoint_dir_name
 from . import delta as D
-from .encoding import encode, has_cuda, stage, weights_digest
+from .encoding import has_cuda, stage, weights_digest, write_state
 from .events import EventWriter
 
 __all__ = ["STATE_FILE", "MEMORY_BUDGET", "Checkpointer", "weights_digest"]  # weights_digest: the control plane's too
@@ -144,12 +145,9 @@ class Checkpointer:
                 self._queue.task_done()
 
     def _write_durable(self, step: int, snapshot: dict, metrics: dict, ticket: _Ticket, keep_base: bool) -> None:
-        started = time.perf_counter()
-        blob, sha, weights = encode(snapshot, snapshot["model"])
         ticket.ready.wait()
-        uri = self._put(step, blob, sha, weights, metrics, "durable", called=ticket.called, started=started,
+        uri = self._put(step, snapshot, snapshot["model"], metrics, "durable", called=ticket.called,
                         blocked=ticket.blocked)
-        del blob
         if uri is None:
             return
         if keep_base:
@@ -188,9 +186,7 @@ class Checkpointer:
             # No base kept (a full fine-tune): say how much was written since the last durable save.
             written, _ = self._written_since_durable(state)
             extra = {"changed_fraction": round(written or 0.0, 6), "changed_measure": "writes"}
-        started = time.perf_counter()
-        blob, sha, weights = encode(payload, host["model"])
-        return self._put(step, blob, sha, weights, metrics, "emergency", called=called, started=started,
+        return self._put(step, payload, host["model"], metrics, "emergency", called=called,
                          blocked=None if blocking else 0.0, source=source, extra=extra)
 
     def emergency_from_memory(self, *, source: str) -> str | None:
@@ -201,30 +197,31 @@ class Checkpointer:
             return self.save_emergency(step, state, metrics, source=source, blocking=False)
 
     # ---- common -------------------------------------------------------------------
-    def _put(self, step: int, blob: bytes, blob_sha256: str, weights_sha: str, metrics: dict, tier: str, *,
-             called: float, started: float, blocked: float | None, source: str = "",
-             extra: dict | None = None) -> str | None:
+    def _put(self, step: int, payload: dict, model_state: dict, metrics: dict, tier: str, *, called: float,
+             blocked: float | None, source: str = "", extra: dict | None = None) -> str | None:
         name = checkpoint_dir_name(step, self.attempt)
+        uri = self.store.uri_for(self.job_id, name)
         with self._lock:
             # Claim the step and link the chain under the lock, then write outside it, so an
             # emergency save never waits for an older durable write still in flight.
             if step in self._saved_steps:
                 return None
             self._saved_steps.add(step)
-            parent = self.parent_uri
-            self.parent_uri = self.store.uri_for(self.job_id, name)
-        manifest = CheckpointManifest(
-            job_id=self.job_id,
-            step=step,
-            tier=tier,
-            files={STATE_FILE: {"sha256": blob_sha256, "bytes": len(blob)}},
-            weights_sha256=weights_sha,
-            parent=parent,
-            created_at=datetime.now(timezone.utc).isoformat(),
-            attempt=self.attempt,
-            meta={"metrics": metrics, **(extra or {})},
-        )
-        uri = self.store.put(self.job_id, name, {STATE_FILE: blob}, manifest)
+            parent, self.parent_uri = self.parent_uri, uri
+        started = time.perf_counter()
+        manifest = CheckpointManifest(job_id=self.job_id, step=step, tier=tier, files={}, parent=parent,
+                                      created_at=datetime.now(timezone.utc).isoformat(), attempt=self.attempt,
+                                      meta={"metrics": metrics, **(extra or {})}, format="torch")
+        try:
+            with self.store.writer(self.job_id, name) as w:
+                manifest.weights_sha256 = write_state(w, STATE_FILE, payload, model_state)
+                manifest = w.commit(manifest)  # the manifest last: the checkpoint exists from here
+        except BaseException:
+            with self._lock:  # never landed: the next checkpoint's parent is the one before
+                self._saved_steps.discard(step)
+                if self.parent_uri == uri:
+                    self.parent_uri = parent
+            raise
         landed = time.perf_counter()
         seconds = landed - called
         self.save_seconds.append(seconds)
@@ -236,7 +233,7 @@ class Checkpointer:
             uri=uri,
             sha256=manifest.digest,
             bytes=manifest.total_bytes,
-            weights_sha256=weights_sha,
+            weights_sha256=manifest.weights_sha256,
             parent=parent,
             train_loss=metrics.get("train/loss"),
             save_seconds=round(seconds, 6),
