@@ -154,6 +154,12 @@ class Checkpoint(HostEvent):
     changed_fraction: float | None = None  # emergency saves: how much changed since the base
     changed_measure: str | None = None
     delta_of: str | None = None
+    # Emergency saves: what was chosen to fit the notice, and why (runtime/emergency.py).
+    plan: str | None = None  # "full" | "delta"
+    plan_fits: bool | None = None  # False: expected to miss the deadline, written anyway
+    plan_reason: str | None = None
+    estimate_s: float | None = None  # the measured estimate of this save's seconds
+    time_left_s: float | None = None  # until the notice's deadline, when the plan was made
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,6 +189,14 @@ class Notice(HostEvent):
     source: str
     deadline: float | None
     received_at: float
+    # A second record of the same notice, once the emergency save is planned (before it is
+    # written, so the ledger knows a notice could not be met even if the host goes first).
+    step: int | None = None
+    plan: str | None = None
+    plan_fits: bool | None = None
+    plan_reason: str | None = None
+    estimate_s: float | None = None
+    time_left_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,6 +273,10 @@ def _coerce(kind: str, name: str, hint: Any, value: Any) -> Any:
         low, high = (0, COUNT_MAX) if name in COUNTS else INT_RANGE
         if not low <= value <= high:
             raise bad(f"an integer in [{low}, {high}]")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise bad("true or false")
         return value
     if hint is float:
         if isinstance(value, str) and value in NON_FINITE:

@@ -183,7 +183,8 @@ class RunContext:
                 return
             if self.watcher.pending:
                 self.events.emit(Progress(step=step))
-                ck.save_emergency(step, state_fn(), self._flush_metrics(step), source=self.watcher.source)
+                ck.save_emergency(step, state_fn(), self._flush_metrics(step), source=self.watcher.source,
+                                  notice=self.watcher.current)
                 self._emergency_done.set()
                 raise Preempted(f"reclaim notice ({self.watcher.source}); emergency checkpoint at step {step}")
             if final or self.schedule.due(step):
@@ -211,7 +212,7 @@ class RunContext:
             # The training thread is stuck in a long step: the snapshot is older but it is
             # the newest state we can save before the deadline. If the step boundary comes
             # after all, it saves a newer checkpoint too; both are complete and valid.
-            if self.checkpointer.emergency_from_memory(source="memory-snapshot"):
+            if self.checkpointer.emergency_from_memory(source="memory-snapshot", notice=self.watcher.current):
                 self._emergency_done.set()
 
         threading.Thread(target=fallback, name="notice-fallback", daemon=True).start()

@@ -25,10 +25,14 @@ SAMPLES: dict[str, H.HostEvent] = {e.KIND: e for e in (
     H.Checkpoint(step=8, tier="emergency", uri="file:///s/job-a/step-000000008-a2", sha256="a" * 64, bytes=1234,
                  attempt=2, weights_sha256="b" * 64, parent="file:///s/job-a/step-000000004-a1", train_loss=2.4,
                  save_seconds=0.01, blocked_seconds=0.01, write_seconds=0.005, source="metadata",
-                 changed_fraction=0.25, changed_measure="bytes", delta_of="file:///s/job-a/step-000000004-a1"),
+                 changed_fraction=0.25, changed_measure="bytes", delta_of="file:///s/job-a/step-000000004-a1",
+                 plan="delta", plan_fits=True, plan_reason="a delta of 1.2 MB fits", estimate_s=0.4,
+                 time_left_s=28.5),
     H.Interval(step=8, next_step=20, steps=12, age_s=960.0, policy="orbit", reason="the policy's interval",
                cadence_steps=50, interval_s=57.6, policy_steps=12, work_left_s=1000.0, step_s=4.8),
-    H.Notice(source="sigterm", deadline=None, received_at=1_790_000_000.5),
+    H.Notice(source="metadata", deadline=1_790_000_030.0, received_at=1_790_000_000.5, step=8, plan="full",
+             plan_fits=False, plan_reason="estimated 45.0 s, 29.5 s left: expected to miss", estimate_s=45.0,
+             time_left_s=29.5),
     H.Evaluation(metrics={"eval/loss": 1.9}, checkpoint="file:///s/job-a/step-000000008-a2"),
     H.Exit(code=75, failure_class="reclaim", reason="reclaim notice", seconds=12.5, last_step=8),
 )}
@@ -67,6 +71,13 @@ def test_a_diverged_metric_is_written_as_valid_json_and_read_back_as_nan():
     assert math.isnan(back.values["train/loss"]) and back.values["g"] == math.inf
 
 
+def test_a_notice_or_checkpoint_of_a_host_before_emergency_plans_still_reads():
+    """The plan fields came later: lines without them (an older host) read with them absent."""
+    old = b'{"type": "notice", "seq": 1, "ts": 1.0, "source": "sigterm", "deadline": null, "received_at": 1.0}\n'
+    (got,), _ = H.read_chunk(old, 0)
+    assert isinstance(got, H.Notice) and got.plan is None and got.plan_fits is None
+
+
 def test_a_line_without_a_version_is_read_as_version_1():
     """What a host started by the previous version wrote (the same kinds and fields, no `contract`)."""
     old = (b'{"seq": 4, "ts": 1790000000.5, "type": "metrics", "step": 10, "values": {"train/loss": 2.0}}\n'
@@ -98,6 +109,10 @@ def test_a_line_without_a_version_is_read_as_version_1():
     (f'{{"type": "metrics", "step": 1, "values": {{"loss": {10**400}}}}}', "not a number a float holds"),
     ('{"type": "exit", "code": 0, "failure_class": 7, "reason": "", "seconds": 1}', "exit: field 'failure_class'"),
     ('[1, 2]', "a line is a JSON object, not list"),
+    ('{"type": "notice", "source": "x", "deadline": null, "received_at": 1, "plan_fits": "no"}',
+     "notice: field 'plan_fits' is 'no', not true or false"),
+    ('{"type": "notice", "source": "x", "deadline": null, "received_at": 1, "plan_fits": 1}',
+     "field 'plan_fits' is 1, not true or false"),
 ])
 def test_refusals_name_the_kind_version_or_field(line, words):
     if words is None:
