@@ -50,7 +50,7 @@ from ..ledger import records as R
 from ..ledger import utcnow
 from ..settings import Settings
 from ..storage.base import MANIFEST, CheckpointManifest, StoreError, check_rel, checkpoint_dir_name
-from ..storage.parts import Digester
+from ..storage.reading import Digester
 from . import import_hf
 from .submit import ensure_experiment
 from .validate import validate_submission

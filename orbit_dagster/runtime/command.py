@@ -68,6 +68,16 @@ def _entry_name(value: object) -> str:
     return name
 
 
+def store_files(store, job_id: str, name: str, files: dict[str, Path], manifest: CheckpointManifest) -> CheckpointManifest:
+    """A script's checkpoint files streamed from disk into the store (each part hashed and
+    written on the store's threads; whole parts straight from the read buffer), the manifest last."""
+    with store.writer(job_id, name) as w:
+        for rel, path in files.items():
+            with open(path, "rb") as src, w.open(rel) as dst:
+                shutil.copyfileobj(src, dst, COPY_CHUNK)
+        return w.commit(manifest)
+
+
 def torchrun_argv(argv: list[str], processes: int) -> list[str]:
     """The command under torchrun on this instance, one rank a process: a Python script
     (`python train.py ...`, `python -m pkg ...`) as torchrun's own entrypoint, any other
@@ -183,15 +193,6 @@ class CommandRun:
             return {found.name: found.path}
         return {str(f.relative_to(found.path)): f for f in sorted(found.path.rglob("*")) if f.is_file()}
 
-    def _store(self, name: str, files: dict[str, Path], manifest: CheckpointManifest) -> CheckpointManifest:
-        """The files streamed from disk into the store (each part hashed and written on the
-        store's threads; whole parts straight from the read buffer), the manifest last."""
-        with self.store.writer(self.job_id, name) as w:
-            for rel, path in files.items():
-                with open(path, "rb") as src, w.open(rel) as dst:
-                    shutil.copyfileobj(src, dst, COPY_CHUNK)
-            return w.commit(manifest)
-
     def _train_loss(self, step: int) -> float | None:
         with self._lock:
             steps = [s for s in self._losses if s <= step]
@@ -203,7 +204,7 @@ class CommandRun:
         try:
             files = self._files_of(found)
             name = checkpoint_dir_name(found.step, self.attempt)
-            manifest = self._store(name, files, CheckpointManifest(
+            manifest = store_files(self.store, self.job_id, name, files, CheckpointManifest(
                 job_id=self.job_id, step=found.step, tier=tier, files={}, format=shards_format(found),
                 parent=self._parent, created_at=datetime.now(timezone.utc).isoformat(), attempt=self.attempt,
                 meta={"layout": found.layout, "name": found.name, "format": "command",
@@ -386,7 +387,7 @@ class CommandRun:
                                       created_at=datetime.now(timezone.utc).isoformat(), attempt=self.attempt,
                                       meta={"format": "command", "layout": "dir", "name": "collected"})
         name = f"collected-a{self.attempt}"
-        manifest = self._store(name, files, manifest) if files else manifest
+        manifest = store_files(self.store, self.job_id, name, files, manifest) if files else manifest
         uri = self.store.uri_for(self.job_id, name) if files else None
         record = {"uri": uri, "sha256": manifest.digest if files else None, "files": manifest.files}
         (self.workdir / "artifacts" / "collected.json").write_text(json.dumps(record, indent=1))

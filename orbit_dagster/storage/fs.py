@@ -1,7 +1,7 @@
 """Checkpoint store on a local (or mounted) filesystem. A checkpoint appears by rename.
 
 A writer streams each file into a temp directory (`<job>/.tmp-<name>-...`), its parts hashed
-and written at their offsets on the pool's threads (storage/parts.py), the disk's write-back
+and written at their offsets on the pool's threads, without a copy (storage/parts.py), the disk's write-back
 started every SYNC_EVERY bytes so the final fsync finds little left; then the manifest is
 written and fsynced, and the directory renamed into place: the commit point. Reads verify
 every part on several threads; `checkout` reads the checkpoint where it is, without a copy.
@@ -20,6 +20,7 @@ from typing import Iterator
 from urllib.parse import unquote, urlparse
 
 from . import parts as P
+from . import reading as V
 from .base import (
     MANIFEST,
     MANIFEST_VERSION,
@@ -52,6 +53,10 @@ class _FileSink:
         self._syncing = threading.Lock()
 
     def part(self, index: int, offset: int, data: memoryview, digest: bytes) -> None:
+        self.write_at(offset, data)
+
+    def write_at(self, offset: int, data: memoryview) -> None:
+        """Bytes at their place in the file (any thread, any order)."""
         P.pwrite_full(self.fd, data, offset)
         with self._lock:
             self._written += len(data)
@@ -214,7 +219,7 @@ class FsStore:
                 (dest / rel).write_bytes(b"")
         try:
             if manifest.version == 1:
-                P.for_each(P.shared_pool(), manifest.files.items(),
+                V.for_each(P.shared_pool(), manifest.files.items(),
                            lambda item: _check_whole(uri, item[0], item[1], sources[item[0]], dest), P.threads())
             else:
                 _check_parts(uri, manifest, sources, dest)
@@ -262,7 +267,7 @@ class FsStore:
 def _check_whole(uri: str, rel: str, info: dict, src: Path, dest: Path | None) -> None:
     """A version-1 file: one sha256 of the whole file (copied into `dest` as it is read)."""
     h = hashlib.sha256()
-    with open(src, "rb") as fh, (open(dest / rel, "wb") if dest is not None else P.Discard()) as out:
+    with open(src, "rb") as fh, (open(dest / rel, "wb") if dest is not None else V.Discard()) as out:
         while chunk := fh.read(P.MIB):
             h.update(chunk)
             out.write(chunk)
@@ -277,7 +282,7 @@ def _check_parts(uri: str, manifest: CheckpointManifest, sources: dict[str, Path
     into `dest` at its offset), with one reused buffer per task in flight."""
     size = manifest.part_size
     tasks = [(rel, *r, len(ranges)) for rel, info in manifest.files.items()
-             for ranges in [P.part_ranges(int(info["bytes"]), size)] for r in ranges]
+             for ranges in [V.part_ranges(int(info["bytes"]), size)] for r in ranges]
     free: list[bytearray] = []
     lock = threading.Lock()
 
@@ -289,11 +294,11 @@ def _check_parts(uri: str, manifest: CheckpointManifest, sources: dict[str, Path
             view = memoryview(buf)[:length]
             fd = os.open(sources[rel], os.O_RDONLY)
             try:
-                got = P.pread_full(fd, view, offset)
+                got = V.pread_full(fd, view, offset)
             finally:
                 os.close(fd)
             if got != length or hashlib.sha256(view).hexdigest() != manifest.files[rel]["parts"][index]:
-                raise P.part_mismatch(uri, rel, "", index, count, offset, length)
+                raise V.part_mismatch(uri, rel, "", index, count, offset, length)
             if dest is not None:
                 out = os.open(dest / rel, os.O_WRONLY)
                 try:
@@ -304,7 +309,7 @@ def _check_parts(uri: str, manifest: CheckpointManifest, sources: dict[str, Path
             with lock:
                 free.append(buf)
 
-    P.for_each(P.shared_pool(), tasks, one, P.threads())
+    V.for_each(P.shared_pool(), tasks, one, P.threads())
 
 
 def sweep_temp_dirs(job_dir: Path, max_age_s: float = TEMP_MAX_AGE_S) -> int:

@@ -5,13 +5,15 @@ write could start. Here a file is written through a `PartStream`: every `part_si
 become a part whose sha256 and write (a `pwrite` at its offset, or an S3 part upload) run on
 a thread of the pool while the caller goes on producing the next one; hashlib and the I/O
 release the GIL, so parts are hashed on all cores and overlap the I/O. Reading is the
-mirror image (`for_each`): parts read and verified on several threads.
+mirror image (storage/reading.py): parts read and verified on several threads.
 
-A part's bytes are either copied into one of the stream's reused part buffers (small writes:
-torch.save's headers, a tensor's tail) or, for every whole part inside one large `write` (a
-tensor's storage), hashed and written straight from the caller's buffer: torch passes a
-view of memory it owns only during the call, so `write` waits for those parts before it
-returns. At most `in_flight` parts are queued or running per stream (memory stays bounded).
+To a local file (`InPlaceStream`) nothing is copied: each write is cut at part boundaries
+and every piece hashed into its part's sha256 and written at its offset straight from the
+caller's memory, on the pool. To S3 a part must be whole before it goes: its bytes are
+copied into one of the stream's reused part buffers (or, for a whole part inside one large
+write, taken straight from the caller's memory). torch passes a view of memory it owns only
+during the call, so a `write` waits for what reads its memory before it returns. At most
+`in_flight` parts are queued or running per stream (memory stays bounded).
 
 Stdlib only: this package travels in every bundle.
 """
@@ -21,7 +23,7 @@ import hashlib
 import os
 import threading
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
-from typing import Any, Callable, Iterable, Protocol, TypeVar
+from typing import Any, Callable, Protocol, TypeVar
 
 from .base import StoreError, check_rel
 
@@ -218,121 +220,80 @@ class PartStream:
             self._slots.release()
 
 
-def for_each(executor: Executor, items: Iterable[T], fn: Callable[[T], R], in_flight: int) -> list[R]:
-    """fn(item) for every item on the pool, at most `in_flight` at a time; the results in order.
-    The first failure (in item order) is raised once every started task has ended; after a
-    failure no new task starts."""
-    slots = threading.BoundedSemaphore(max(1, in_flight))
-    futures: list[Future] = []
-    failed = threading.Event()
+class InPlaceStream(PartStream):
+    """A PartStream for a sink that can write at any offset (a local file): no part buffers,
+    no copy. Each write is cut at part boundaries; each piece updates its part's sha256 and is
+    written at its offset straight from the caller's memory, the pieces of one write on the
+    pool at once (a write spans several parts: a large tensor), the write returning when
+    they are done (the caller's memory is ours only during the call). A part's pieces arrive
+    in order, so its hash is fed in order; it is final when its last byte is in. Small
+    writes are done on the caller's thread (a pool round trip would cost more)."""
 
-    def run(item: T) -> R:
+    INLINE = 256 * 1024
+
+    def __init__(self, sink: Any, **kw: Any):
+        super().__init__(sink, **kw)
+        self._hashers: dict[int, Any] = {}
+
+    def write(self, data: Any) -> int:
+        if self.closed:
+            raise ValueError("write to a closed checkpoint file")
+        self._raise()
+        view = memoryview(data)
+        if view.ndim != 1 or view.format != "B":
+            view = view.cast("B")
+        n, pos, off, part = len(view), 0, self._size, self._part
+        pieces = []
+        while pos < n:
+            index = off // part
+            take = min(n - pos, (index + 1) * part - off)
+            pieces.append((index, off, view[pos:pos + take], off + take == (index + 1) * part))
+            pos, off = pos + take, off + take
+        if n < self.INLINE:
+            for piece in pieces:
+                self._piece(*piece)
+        else:
+            futures = [self._executor.submit(self._piece, *piece) for piece in pieces]
+            wait(futures)
+            for f in futures:
+                if f.exception() is not None:
+                    self._error = self._error or f.exception()
+        self._raise()
+        self._size += n
+        return n
+
+    def _piece(self, index: int, offset: int, view: memoryview, completes: bool) -> None:
+        h = self._hashers.get(index)  # one write's pieces are of distinct parts: no two threads share one
+        if h is None:
+            h = self._hashers[index] = hashlib.sha256()
+        h.update(view)  # releases the GIL: the pieces hash in parallel
+        self._sink.write_at(offset, view)
+        if completes:
+            self._digests[index] = self._hashers.pop(index).digest()
+
+    def close(self) -> dict:
+        if self.closed:
+            return self.entry or {}
+        self.closed = True
         try:
-            if failed.is_set():
-                raise _Skipped()
-            return fn(item)
+            self._raise()
+            for index in list(self._hashers):  # the last, shorter part
+                self._digests[index] = self._hashers.pop(index).digest()
+            self._count = -(-self._size // self._part)
+            self._sink.finish(self._size, self._count)
         except BaseException:
-            failed.set()
+            self.abort()
             raise
-        finally:
-            slots.release()
-
-    for item in items:
-        slots.acquire()
-        if failed.is_set():
-            slots.release()
-            break
-        futures.append(executor.submit(run, item))
-    wait(futures)
-    errors = [f.exception() for f in futures if f.exception() is not None]
-    real = [e for e in errors if not isinstance(e, _Skipped)]
-    if real:
-        raise real[0]
-    return [f.result() for f in futures]
-
-
-class _Skipped(Exception):
-    """A task not run because an earlier one failed."""
-
-
-def part_ranges(nbytes: int, part_size: int) -> list[tuple[int, int, int]]:
-    """(index, offset, length) of every part of a file."""
-    return [(i, off, min(part_size, nbytes - off)) for i, off in enumerate(range(0, nbytes, part_size))]
-
-
-def part_mismatch(uri: str, rel: str, where: str, index: int, count: int, offset: int, length: int) -> StoreError:
-    return StoreError(f"checkpoint {uri}: file {rel}{where} part {index + 1} of {count} (bytes {offset}-"
-                      f"{offset + length - 1}) does not match its manifest sha256; fix: do not use it, resume from "
-                      "an older checkpoint")
-
-
-def pread_full(fd: int, buf: memoryview, offset: int) -> int:
-    """Fill `buf` from `offset` (fewer bytes only at the end of the file)."""
-    got = 0
-    while got < len(buf):
-        n = os.preadv(fd, [buf[got:]], offset + got)
-        if n == 0:
-            break
-        got += n
-    return got
+        self.entry = {"bytes": self._size, "parts": [self._digests[i].hex() for i in range(self._count)]}
+        if self._on_close:
+            self._on_close(self.entry)
+        return self.entry
 
 
 def pwrite_full(fd: int, data: memoryview, offset: int) -> None:
     done = 0
     while done < len(data):
         done += os.pwrite(fd, data[done:], offset + done)
-
-
-class Digester:
-    """One file checked against its manifest entry (either version) as it is read in order,
-    in chunks of any size, on one thread (an SFTP copy, an import): `update`, then `problem`."""
-
-    def __init__(self, info: dict, version: int, part_size: int):
-        self.info, self.version, self.part_size = info, version, int(part_size)
-        self._h = hashlib.sha256()
-        self._in_part = 0
-        self.parts: list[str] = []
-        self.size = 0
-
-    def update(self, data: Any) -> None:
-        view = memoryview(data).cast("B")
-        self.size += len(view)
-        if self.version == 1:
-            self._h.update(view)
-            return
-        while view:
-            take = min(len(view), self.part_size - self._in_part)
-            self._h.update(view[:take])
-            self._in_part += take
-            view = view[take:]
-            if self._in_part == self.part_size:
-                self.parts.append(self._h.hexdigest())
-                self._h, self._in_part = hashlib.sha256(), 0
-
-    def problem(self) -> str | None:
-        """None when the bytes read are the manifest's; else what differs, in words."""
-        if self.size != int(self.info["bytes"]):
-            return f"{self.size} bytes, its manifest says {self.info['bytes']}"
-        if self.version == 1:
-            return None if self._h.hexdigest() == self.info["sha256"] else "does not match its manifest sha256"
-        parts = self.parts + ([self._h.hexdigest()] if self._in_part else [])
-        for i, (got, want) in enumerate(zip(parts, self.info["parts"])):
-            if got != want:
-                return f"part {i + 1} of {len(self.info['parts'])} does not match its manifest sha256"
-        return None if len(parts) == len(self.info["parts"]) else "does not match its manifest's part count"
-
-
-class Discard:
-    """A binary sink that keeps nothing (a verify that reads without writing), as a context manager."""
-
-    def write(self, data: bytes) -> None:
-        pass
-
-    def __enter__(self) -> "Discard":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
 
 
 class WriterBase:
@@ -355,8 +316,10 @@ class WriterBase:
             raise StoreError(f"checkpoint {self.uri}: already committed or aborted; fix: open a new writer")
         if rel in self.files or rel in self._streams:
             raise StoreError(f"checkpoint {self.uri}: file {rel} written twice; fix: one stream per file")
-        stream = PartStream(self._sink(rel), part_size=self.part_size, executor=self._executor,
-                            in_flight=self._in_flight, on_close=lambda entry: self._closed(rel, entry))
+        sink = self._sink(rel)
+        kind = InPlaceStream if hasattr(sink, "write_at") else PartStream  # a file: no part buffers
+        stream = kind(sink, part_size=self.part_size, executor=self._executor, in_flight=self._in_flight,
+                      on_close=lambda entry: self._closed(rel, entry))
         self._streams[rel] = stream
         return stream
 

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from . import parts as P
+from . import reading as V
 from . import s3_parts as S
 from .base import MANIFEST, CheckpointManifest, StoreError, check_name, check_rel
 
@@ -273,7 +273,7 @@ class S3Store:
                                  f"says {info['bytes']}: truncated or replaced, it does not match its manifest; fix: do "
                                  "not use it, resume from an older checkpoint")
 
-        P.for_each(self.pool(), manifest.files.items(), one, self.concurrency)
+        V.for_each(self.pool(), manifest.files.items(), one, self.concurrency)
 
     def _stream(self, uri: str, bucket: str, key: str, rel: str, info: dict, sink: Any = None) -> None:
         """A version-1 object, hashed as it streams; StoreError naming the key on any mismatch."""
@@ -299,10 +299,10 @@ class S3Store:
             if manifest.version == 1:
                 def whole(item: tuple[str, dict]) -> None:
                     rel, info = item
-                    with open(dest / f"{rel}.part", "wb") if dest is not None else P.Discard() as fh:
+                    with open(dest / f"{rel}.part", "wb") if dest is not None else V.Discard() as fh:
                         self._stream(uri, bucket, f"{base}/{rel}", rel, info, sink=fh)
 
-                P.for_each(self.pool(), manifest.files.items(), whole, self.concurrency)
+                V.for_each(self.pool(), manifest.files.items(), whole, self.concurrency)
             else:
                 S.read_parts(self, uri, bucket, base, manifest, dest, suffix=".part")
         except BaseException:

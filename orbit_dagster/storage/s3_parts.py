@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import parts as P
+from . import reading as V
 from .base import MANIFEST, MANIFEST_VERSION, CheckpointManifest, StoreError
 
 MAX_PARTS = 10_000
@@ -181,7 +182,7 @@ def read_parts(store: Any, uri: str, bucket: str, base: str, manifest: Checkpoin
     """Every part of every file by ranged GETs on the pool, each verified (and written into
     `dest`, to `<file><suffix>`, which must exist)."""
     tasks = [(rel, *r, len(ranges)) for rel, info in manifest.files.items()
-             for ranges in [P.part_ranges(int(info["bytes"]), manifest.part_size)] for r in ranges]
+             for ranges in [V.part_ranges(int(info["bytes"]), manifest.part_size)] for r in ranges]
 
     def one(task: tuple[str, int, int, int, int]) -> None:
         rel, index, offset, length, count = task
@@ -189,7 +190,7 @@ def read_parts(store: Any, uri: str, bucket: str, base: str, manifest: Checkpoin
         rng = f"bytes={offset}-{offset + length - 1}"
         data = retrying(store, lambda: store.call("get_object", key, Bucket=bucket, Key=key, Range=rng)["Body"].read())
         if len(data) != length or hashlib.sha256(data).hexdigest() != manifest.files[rel]["parts"][index]:
-            raise P.part_mismatch(uri, rel, f" (s3://{bucket}/{key})", index, count, offset, length)
+            raise V.part_mismatch(uri, rel, f" (s3://{bucket}/{key})", index, count, offset, length)
         if dest is not None:
             fd = os.open(dest / f"{rel}{suffix}", os.O_WRONLY)
             try:
@@ -197,4 +198,4 @@ def read_parts(store: Any, uri: str, bucket: str, base: str, manifest: Checkpoin
             finally:
                 os.close(fd)
 
-    P.for_each(store.pool(), tasks, one, store.concurrency)
+    V.for_each(store.pool(), tasks, one, store.concurrency)

@@ -25,7 +25,7 @@ from ...core.errors import ProviderError
 from ...core.host_contract import Checkpoint
 from ...storage.base import MANIFEST, CheckpointManifest, StoreError, checkpoint_dir_name
 from ...storage.fs import FsStore
-from ...storage.parts import Digester
+from ...storage.reading import Digester
 
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 CHUNK = 1 << 20

@@ -87,6 +87,38 @@ def test_any_pattern_of_writes_gives_the_parts_of_the_whole_file(chunks):
         assert all(offset == i * PART for i, (offset, _) in sink.parts.items())
 
 
+class FileRecorder:
+    """A sink that writes at offsets (a local file's): the in-place stream, no part buffers."""
+
+    def __init__(self):
+        self.data, self.lock, self.finished = bytearray(), threading.Lock(), None
+
+    def write_at(self, offset, data):
+        with self.lock:
+            if len(self.data) < offset + len(data):
+                self.data.extend(b"\0" * (offset + len(data) - len(self.data)))
+            self.data[offset:offset + len(data)] = data
+
+    def finish(self, nbytes, count):
+        self.finished = (nbytes, count)
+
+    def abort(self):
+        pass
+
+
+@given(chunks=st.lists(st.integers(min_value=0, max_value=3 * PART + 7), max_size=12), big=st.booleans())
+def test_in_place_any_pattern_of_writes_gives_the_parts_of_the_whole_file(chunks, big):
+    data = os.urandom(sum(chunks))
+    sink, pos = FileRecorder(), 0
+    s = P.InPlaceStream(sink, part_size=PART, executor=P.shared_pool(), in_flight=3)
+    s.INLINE = 0 if big else 1 << 30  # every write on the pool, or every write on the caller's thread
+    for n in chunks:
+        assert s.write(memoryview(data)[pos:pos + n]) == n
+        pos += n
+    assert s.close() == reference(data)
+    assert bytes(sink.data) == data and sink.finished == (len(data), len(reference(data)["parts"]))
+
+
 def test_parts_in_flight_are_bounded_and_run_on_several_threads():
     sink = Recorder(delay=0.02)
     s = stream(sink, in_flight=2)
@@ -118,10 +150,10 @@ def test_a_failed_write_leaves_no_trace_in_the_store(tmp_path, monkeypatch):
 
     store = FsStore((tmp_path / "s").as_uri(), part_size=PART)
 
-    def fail(self, index, offset, data, digest):
+    def fail(self, offset, data):
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(F._FileSink, "part", fail)
+    monkeypatch.setattr(F._FileSink, "write_at", fail)
     with pytest.raises(OSError, match="No space"):
         store.put("j", "step-000000001-a1", {"state.pt": os.urandom(5 * PART)}, manifest())
     assert list(store.list("j")) == [] and list((tmp_path / "s" / "j").iterdir()) == []
@@ -173,15 +205,15 @@ KILLED_WRITER = textwrap.dedent("""
     from orbit_dagster.storage.base import CheckpointManifest
 
     root, marker = sys.argv[1], sys.argv[2]
-    real = F._FileSink.part
+    real = F._FileSink.write_at
 
-    def part(self, index, offset, data, digest):
-        real(self, index, offset, data, digest)
-        if index == 2:  # parts 1-3 written: tell the test, then wait to be killed mid-file
+    def write_at(self, offset, data):
+        real(self, offset, data)
+        if offset >= 3 << 16:  # parts 1-3 written: tell the test, then wait to be killed mid-file
             open(marker, "w").close()
             time.sleep(120)
 
-    F._FileSink.part = part
+    F._FileSink.write_at = write_at
     store = F.FsStore(root, part_size=1 << 16)
     store.put("j", "step-000000001-a1", {"state.pt": os.urandom(40 << 16)},
               CheckpointManifest(job_id="j", step=1, tier="durable", files={}))
