@@ -1,24 +1,31 @@
 """Checkpoint save and load against the raw I/O of the same bytes, side by side in one run.
 
-    python bench/checkpoint_io.py [--sizes 100M,1G] [--repeat 3] [--no-s3] [--dir DIR] [--record FILE]
+    python bench/checkpoint_io.py [--sizes 100M,1G,4G] [--repeat 3] [--no-s3] [--no-sharded] [--dir DIR] [--record FILE]
 
-For each state size (a model-shaped state: weights + two Adam moments, seeded):
-- filesystem, save: our durable save (the training thread's copy, then serialise + sha256
-  + the store's put, until the checkpoint is durable) and our emergency save (synchronous,
-  full) against a raw write of the same bytes from memory to a new file in the same
-  directory + fsync; also raw write + one sha256 of the bytes, the floor any save that
-  hashes before it writes can reach;
-- filesystem, load: our resume path (store fetch: verify the sha256, copy into the
-  workdir; then torch.load with weights_only=True) against a raw read of the same number
-  of bytes; before each side, the file's pages are dropped from the page cache
-  (posix_fadvise DONTNEED after fsync), so both read from the disk;
-- S3 (a moto server in its own process on 127.0.0.1): our durable save to the S3 store
-  against a raw sequential multipart put of the same bytes with the same part size, and
-  boto3's managed (threaded) upload; our load against a raw GET.
+For each state size (a model-shaped state: weights + two Adam moments, seeded), through the
+production code (runtime.checkpointing.Checkpointer, runtime.sdk.RunContext, the stores):
+- filesystem, save: our durable save (the training thread's copy, then torch.save streamed
+  into the store's writer, which hashes and writes fixed-size parts on its threads, fsyncs,
+  and writes the manifest last) and our emergency save (synchronous, full) against a raw
+  write of the same bytes from memory to a new file in the same directory + fsync; also
+  raw sha256 + write+fsync, the floor of the design before parts (hash everything, then
+  write). The training thread's blocked seconds are reported per GB of state;
+- filesystem, load: our resume path (the store's checkout: every part verified on several
+  threads where the checkpoint lies, no copy; then torch.load with weights_only=True)
+  against a raw read of the same number of bytes; before each side, the file's pages are
+  dropped from the page cache (posix_fadvise DONTNEED after fsync), so both read from the disk;
+- S3 (a moto server in its own process on 127.0.0.1): our durable save to the S3 store (parts
+  uploaded concurrently with their checksums) against a raw sequential multipart put of the
+  same bytes with the same part size, and boto3's managed (threaded) upload; our load
+  (ranged GETs of the parts concurrently, each verified, then torch.load) against a GET and
+  boto3's managed (threaded) download;
+- sharded (bench/sharded_io.py): a 2-process dcp.save of the state sharded across the ranks
+  (and dcp.async_save: seconds until it returns, and until it is done), the agent's
+  registration of the directory into the store, and the reshard load 2 -> 1 (verify in the
+  store, dcp.load into one process), against raw write+fsync and cold read of the same bytes.
 Our saves run on one checkpointer with an optimiser-like in-place update of every tensor
-between saves, after two warm-up saves: the steady state of a full fine-tune (host buffers
-reused, no delta base kept). Each repeat runs raw and ours back to back (alternating which
-goes first); the ratio is
+between saves, after two warm-up saves: the steady state of a full fine-tune (no delta base
+kept). Each repeat runs raw and ours back to back (alternating which goes first); the ratio is
 raw seconds / our seconds (1.0 = as fast as raw; goal >= 0.8), median of the per-repeat
 ratios with their min-max. Seconds are medians.
 """
@@ -30,7 +37,6 @@ import hashlib
 import io
 import os
 import platform
-import shutil
 import socket
 import statistics
 import subprocess
@@ -46,6 +52,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import torch  # noqa: E402
 from recording import replace_section  # noqa: E402
+from sharded_io import measure as measure_sharded  # noqa: E402
 
 from orbit_dagster.runtime.checkpointing import Checkpointer  # noqa: E402
 from orbit_dagster.runtime.events import EventWriter  # noqa: E402
@@ -174,7 +181,6 @@ class Ours:
 
     def delete(self, uri: str) -> None:
         self.store.delete(uri)
-        shutil.rmtree(self.work / f"resume-{uri.rsplit('/', 1)[-1]}", ignore_errors=True)
 
     def close(self) -> None:
         self.ck.close()
@@ -259,7 +265,7 @@ def measure_s3(state: dict, blob: bytes, root: Path, repeat: int) -> dict[str, l
         ours.warm_up(state)
         managed = TransferConfig(multipart_threshold=PART, multipart_chunksize=PART)
         out: dict[str, list] = {k: [] for k in ("durable", "load", "raw_put", "raw_put_managed", "raw_get",
-                                                "blocked", "write")}
+                                                "raw_get_managed", "blocked", "write")}
 
         def raw_put() -> float:
             t0 = time.perf_counter()
@@ -290,6 +296,9 @@ def measure_s3(state: dict, blob: bytes, root: Path, repeat: int) -> dict[str, l
             t0 = time.perf_counter()
             s3.get_object(Bucket="bench", Key="raw")["Body"].read()
             out["raw_get"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            s3.download_fileobj("bench", "raw", io.BytesIO(), Config=managed)
+            out["raw_get_managed"].append(time.perf_counter() - t0)
             out["load"].append(ours.load(ev["uri"]))
             ours.delete(ev["uri"])
             s3.delete_objects(Bucket="bench", Delete={"Objects": [{"Key": "raw"}, {"Key": "raw-managed"}]})
@@ -313,7 +322,7 @@ def ratio_cell(raw: list[float], ours: list[float]) -> tuple[str, bool]:
     return f"{med:.2f} ({min(ratios):.2f}-{max(ratios):.2f})", met
 
 
-def rows_for(label: str, nbytes: int, fs: dict, s3: dict | None) -> list[str]:
+def rows_for(label: str, nbytes: int, fs: dict, s3: dict | None, sharded: dict | None) -> list[str]:
     gb = nbytes / 1e9
 
     def line(op: str, ours: list, raw_name: str, raw: list, extra: str = "", goal: bool = True) -> str:
@@ -323,28 +332,39 @@ def rows_for(label: str, nbytes: int, fs: dict, s3: dict | None) -> list[str]:
         return (f"| {label} | {op} | {o:.3f} ({gb / o:.2f} GB/s) | {raw_name} | {r:.3f} ({gb / r:.2f} GB/s) | "
                 f"{cell} | {verdict} | {extra} |")
 
-    b, w = _med(fs["blocked"]), _med(fs["write"])
-    split = "-" if b is None else f"training thread blocked {b:.3f} s, serialise+hash+put {w:.3f} s"
+    def split(d: dict) -> str:
+        b, w = _med(d["blocked"]), _med(d["write"])
+        return "-" if b is None else (f"training thread blocked {b:.3f} s ({b / gb:.3f} s per GB), "
+                                      f"serialise+hash+write {w:.3f} s")
+
     rows = [
-        line("fs save, durable", fs["durable"], "write+fsync", fs["raw_durable"], split),
+        line("fs save, durable", fs["durable"], "write+fsync", fs["raw_durable"], split(fs)),
         line("fs save, emergency (full)", fs["emergency"], "write+fsync", fs["raw_emergency"]),
         line("fs save, durable", fs["durable"], "sha256 + write+fsync", fs["raw_write_sha"],
-             "vs the floor of hashing before writing", goal=False),
-        line("fs load (verify + copy + torch.load)", fs["load"], "cold read", fs["raw_read"]),
-        line("fs load (verify + copy + torch.load)", fs["load"], "cold read + sha256", fs["raw_read_sha"],
-             "vs the floor of verifying what is read", goal=False),
+             "vs the floor of the design before parts: hash everything, then write", goal=False),
+        line("fs load (verify parts in place + torch.load)", fs["load"], "cold read", fs["raw_read"]),
+        line("fs load (verify parts in place + torch.load)", fs["load"], "cold read + sha256", fs["raw_read_sha"],
+             "vs the floor of one sequential sha256 of what is read", goal=False),
         line("sha256 of the bytes, in memory (no I/O)", fs["sha"], "write+fsync", fs["raw_durable"],
-             "the manifest's hash alone against the raw write: the ceiling of any save that hashes", goal=False),
-        line("sha256 of the bytes, in memory (no I/O)", fs["sha"], "cold read", fs["raw_read"],
-             "the same against the raw read: the ceiling of any verified load", goal=False),
+             "one sequential hash against the raw write: what parts on several threads get under", goal=False),
     ]
     if s3:
-        b, w = _med(s3["blocked"]), _med(s3["write"])
-        split = "-" if b is None else f"blocked {b:.3f} s, serialise+hash+put {w:.3f} s"
         rows += [
-            line("S3 save, durable", s3["durable"], "multipart put, sequential", s3["raw_put"], split),
+            line("S3 save, durable", s3["durable"], "multipart put, sequential", s3["raw_put"], split(s3)),
             line("S3 save, durable", s3["durable"], "boto3 managed upload (threads)", s3["raw_put_managed"]),
-            line("S3 load (verify + torch.load)", s3["load"], "GET", s3["raw_get"]),
+            line("S3 load (ranged GETs verified + torch.load)", s3["load"], "GET", s3["raw_get"], goal=False),
+            line("S3 load (ranged GETs verified + torch.load)", s3["load"], "boto3 managed download (threads)",
+                 s3["raw_get_managed"]),
+        ]
+    if sharded:
+        ab, a = _med(sharded["async_blocked"]), _med(sharded["async_save"])
+        rows += [
+            line("sharded save, 2 processes (dcp.save)", sharded["save"], "write+fsync", sharded["raw_write"],
+                 f"dcp.async_save: blocked {ab:.3f} s ({ab / gb:.3f} s per GB), done in {a:.3f} s", goal=False),
+            line("sharded: register into the store (hash parts + write)", sharded["register"], "write+fsync",
+                 sharded["raw_write"], "the agent's copy of the ranks' files into the store", goal=False),
+            line("sharded load 2 -> 1 (verify in place + dcp.load)", sharded["load"], "cold read",
+                 sharded["raw_read"], goal=False),
         ]
     return rows
 
@@ -363,9 +383,10 @@ def record(path: Path, rows: list[str], command: str, seconds: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="100M,1G", help="state sizes, e.g. 100M,1G")
+    ap.add_argument("--sizes", default="100M,1G", help="state sizes, e.g. 100M,1G,4G")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-s3", action="store_true", help="skip the S3 (moto) rows")
+    ap.add_argument("--no-sharded", action="store_true", help="skip the 2-process sharded (DCP) rows")
     ap.add_argument("--dir", type=Path, default=None, help="where files are written (default: a temp dir under bench/)")
     ap.add_argument("--record", type=Path, default=None, help="markdown file whose checkpoint-io section is rewritten")
     args = ap.parse_args(argv)
@@ -386,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
             del buf
             fs = measure_fs(state, blob, root, args.repeat)
             s3 = None if args.no_s3 else measure_s3(state, blob, root, args.repeat)
-            new = rows_for(size, len(blob), fs, s3)
+            sharded = None if args.no_sharded else measure_sharded(len(blob), root, args.repeat)
+            new = rows_for(size, len(blob), fs, s3, sharded)
             print("\n".join(new), flush=True)
             rows += new
             del state, blob

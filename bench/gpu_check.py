@@ -8,7 +8,8 @@ On a host where torch sees a CUDA device, in one run (about 2-4 minutes on one G
    bf16 autocast, through a real RunContext), demo model and ~100M-parameter model,
    seconds per step over a window after warm-up;
 3. checkpoint saves of a ~1 GB model-shaped state held in GPU memory: durable (copy to
-   pinned host buffers, then serialise + sha256 + put in the background) and emergency,
+   pinned host buffers, then torch.save streamed into the store, parts hashed and written on
+   its threads, in the background) and emergency,
    against a raw device-to-host copy + write + fsync of the same bytes on the same disk;
 4. determinism: the workload run to step 2K, and again resumed from its step-K checkpoint,
    must end with the same weights digest;

@@ -1,10 +1,15 @@
 """Step-time overhead of the checkpoint policy against none, side by side in one run.
 
-    python bench/step_overhead.py [--models demo,100M] [--pairs 12] [--threads 2] [--record FILE]
+    python bench/step_overhead.py [--models demo,100M] [--pairs 12] [--threads 2] [--every-100m 20,N] [--record FILE]
 
 The example workload (workloads/charlm/train.py, unchanged) runs through a real RunContext
 with a filesystem checkpoint store and the template's tiers: a memory snapshot every 5
-steps (within its cost budget) and a durable checkpoint every 40 steps (`--every`).
+steps (within its cost budget) and a durable checkpoint every 40 steps (`--every`; a comma
+list measures each interval in turn, e.g. `--every-100m 20,<the interval the orbit policy
+chose in the replay test>`). The durable save is the production path: the training thread
+stages the state, a background thread streams torch.save into the store's writer, whose
+threads hash and write its parts; "blocked s per GB" is the training thread's share per GB
+of checkpoint.
 Models: "demo" is the template's config (d=128, 2 layers, ~0.43M parameters); "100M" is
 d=768, 14 layers, 12 heads (~99M parameters, a 1.2 GB checkpoint with AdamW's moments).
 
@@ -174,9 +179,8 @@ def blocked_run(train, cfg: dict, root: Path, *, threads: int, every: int, memor
     return {"wall": pairs_of(ctx.times), "cpu": pairs_of(ctx.cpu), "checkpoints": ckpts}
 
 
-def measure(name: str, args, train, root: Path) -> dict:
+def measure(name: str, args, train, root: Path, every: int) -> dict:
     cfg = {**load_template("charlm-finetune").config, **MODELS[name]}
-    every = args.every_100m if name == "100M" else args.every
     pairs = args.pairs_100m if name == "100M" else args.pairs
     res = blocked_run(train, cfg, root, threads=args.threads, every=every, memory_every=args.memory_every,
                       pairs=pairs + 1)
@@ -209,19 +213,20 @@ def row(name: str, m: dict) -> str:
     cpu_lost = statistics.median([(on - off) * m["every"] for on, off in m["cpu"]])
     blocked = statistics.median(m["blocked"]) if m["blocked"] else None
     size = f"{m['bytes'] / 1e6:.1f} MB" if m["bytes"] else "-"
+    per_gb = "-" if blocked is None or not m["bytes"] else f"{blocked / (m['bytes'] / 1e9):.3f}"
 
     def pct(o: dict) -> str:
         return f"{o['median'] * 100:+.2f}% ({o['lo'] * 100:+.2f}% .. {o['hi'] * 100:+.2f}%)"
 
     return (f"| {name} | {size} | {m['every']} | {len(m['wall'])} | {statistics.median([p[1] for p in m['wall']]):.4f} | "
             f"{pct(wall)} | {wall['verdict']} | {pct(cpu)} | {cpu['verdict']} | {lost:.3f} | {cpu_lost:.3f} | "
-            f"{'-' if blocked is None else f'{blocked:.3f}'} |")
+            f"{'-' if blocked is None else f'{blocked:.3f}'} | {per_gb} |")
 
 
 HEADER = ("| model | checkpoint | durable every (steps) | pairs | off s/step (wall) | wall overhead median "
           "(interquartile) | <= 2% | CPU-time overhead median (interquartile) | <= 2% | wall s lost per interval | "
-          "CPU s spent per interval | blocked s per durable save |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "CPU s spent per interval | blocked s per durable save | blocked s per GB |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def record(path: Path, rows: list[str], command: str, seconds: float) -> None:
@@ -245,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=12, help="on/off block pairs for the demo model")
     ap.add_argument("--pairs-100m", type=int, default=3, help="the same for the 100M model")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--every", type=int, default=40, help="durable checkpoint interval, steps (template: 40)")
-    ap.add_argument("--every-100m", type=int, default=40, help="the same for the 100M model")
+    ap.add_argument("--every", default="40", help="durable checkpoint interval(s), steps, comma-separated (template: 40)")
+    ap.add_argument("--every-100m", default="40", help="the same for the 100M model, e.g. 20,N")
     ap.add_argument("--memory-every", type=int, default=5)
     ap.add_argument("--record", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -255,8 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix=".step-overhead-", dir=REPO / "bench") as tmp:
         for name in args.models.split(","):
-            rows.append(row(name, measure(name, args, train, Path(tmp))))
-            print(rows[-1], flush=True)
+            for every in (args.every_100m if name == "100M" else args.every).split(","):
+                rows.append(row(name, measure(name, args, train, Path(tmp), int(every))))
+                print(rows[-1], flush=True)
     print(HEADER + "\n" + "\n".join(rows))
     if args.record:
         argv_txt = " ".join(sys.argv[1:]).replace(str(args.record), "docs/benchmarks.md")

@@ -21,7 +21,7 @@ def cli() -> None:
 
 # One module per group of commands (cli/jobs.py, results.py, maintenance.py, market.py, services.py).
 for _command in (jobs.submit, jobs.retry, jobs.cancel, jobs.import_run, jobs.status, jobs.logs, jobs.templates,
-                 results.best, results.metric, results.cost, results.advise, results.sql, maintenance.ledger,
+                 results.best, results.export, results.metric, results.cost, results.advise, results.sql, maintenance.ledger,
                  market.offers, market.simulate, market.sim, services.demo, services.daemon, services.ui,
                  services.code_server, services.profile):
     cli.add_command(_command)

@@ -165,6 +165,12 @@ class AttemptMonitor:
             self._progress(ev.step, ev)
         elif isinstance(ev, Exit):
             self.exit_event = ev
+        elif isinstance(ev, Notice) and ev.plan is not None:
+            # The agent's emergency plan, announced before its write (runtime/emergency.py): its
+            # own event, once per line (a re-attach reads from the start), next to the notice.
+            notes.append(R.event("emergency_plan", job_id=self.job_id, run_id=self.run_id,
+                                 instance_id=self.handle.instance.instance_id, ts=ev.ts, **fields_of(ev),
+                                 event_id=f"emergency_plan:{self.run_id}:{ev.seq}"))
         elif isinstance(ev, NOTED):
             detail = {"ts": ev.ts, **fields_of(ev)}
             notes.append(R.event(f"host_{ev.KIND}", job_id=self.job_id, run_id=self.run_id,

@@ -49,7 +49,8 @@ from ..core.templates import installed_template
 from ..ledger import records as R
 from ..ledger import utcnow
 from ..settings import Settings
-from ..storage.base import MANIFEST, CheckpointManifest, StoreError, check_rel, checkpoint_dir_name, sha256_bytes
+from ..storage.base import MANIFEST, CheckpointManifest, StoreError, check_rel, checkpoint_dir_name
+from ..storage.reading import Digester
 from . import import_hf
 from .submit import ensure_experiment
 from .validate import validate_submission
@@ -143,7 +144,7 @@ def _files_of(d: Path, root: Path, step: int, hf_states: list) -> tuple[dict[str
                                  field=d.name, fix=fix)
         try:
             m = CheckpointManifest.from_json(text)
-        except (ValueError, TypeError, KeyError, RecursionError) as exc:
+        except (ValueError, TypeError, KeyError, RecursionError, StoreError) as exc:
             raise _refuse(f"{d.name}/{MANIFEST} is not a checkpoint manifest: {' '.join(str(exc).split())[:160]}",
                           field=d.name, fix=fix) from None
         if not isinstance(m.files, dict):
@@ -154,23 +155,20 @@ def _files_of(d: Path, root: Path, step: int, hf_states: list) -> tuple[dict[str
                 check_rel(rel, d.name)
             except StoreError as exc:
                 raise _refuse(str(exc).split("; fix: ")[0], field=d.name, value=rel, fix=fix) from None
-            size = info.get("bytes") if isinstance(info, dict) else None
-            if type(size) is not int or size < 0 or not isinstance(info.get("sha256"), str):
-                raise _refuse(f"{d.name}/{MANIFEST}: file {rel} has no sha256 and byte count", field=d.name, value=rel,
-                              fix=fix)
+            size = info["bytes"]  # from_json checked every entry: a size, a sha256 or part digests
             total += size
             if total > cap:
                 raise _refuse(f"checkpoint {d.name} declares more than {size_text(cap)} of files (a quarter of this "
                               "machine's memory: each is loaded to check it)", field=d.name, value=total,
                               fix="import it on a machine with more memory, or import smaller checkpoints")
-            declared[rel] = (size, info["sha256"])
+            declared[rel] = info
         files = {}
-        for rel, (size, sha256) in declared.items():
-            digest = hashlib.sha256()
-            files[rel] = _read(d / rel, root, cap, declared=size, digest=digest)  # hashed while read
-            if digest.hexdigest() != sha256:
-                raise _refuse(f"checkpoint {d.name}: file {rel} does not match its manifest", field=d.name, value=rel,
-                              fix="re-export it; a corrupt checkpoint is never imported")
+        for rel, info in declared.items():
+            digest = Digester(info, m.version, m.part_size)  # either manifest version, part by part
+            files[rel] = _read(d / rel, root, cap, declared=info["bytes"], digest=digest)  # hashed while read
+            if digest.problem() is not None:
+                raise _refuse(f"checkpoint {d.name}: file {rel} does not match its manifest ({digest.problem()})",
+                              field=d.name, value=rel, fix="re-export it; a corrupt checkpoint is never imported")
         if "state.pt" not in files:
             raise _refuse(f"checkpoint {d.name} has no state.pt", field=d.name, fix="re-export it")
         weights, _ = _weights_digest(files["state.pt"], f"{d.name}/state.pt")
@@ -342,9 +340,8 @@ def _copy_checkpoints(store, found, job_id, experiment, lineage, directory, writ
     parent_uri, parent_key = None, None
     for step, d in (progress(found) if progress else found):
         files, weights, meta = _files_of(d, directory, step, hf_states)
-        manifest = CheckpointManifest(
-            job_id=job_id, step=step, tier="durable",
-            files={rel: {"sha256": sha256_bytes(b), "bytes": len(b)} for rel, b in files.items()},
+        manifest = CheckpointManifest(  # its files described by the store as it writes them
+            job_id=job_id, step=step, tier="durable", files={}, format="files" if meta.get("format") else "torch",
             weights_sha256=weights, parent=parent_uri, created_at=datetime.now(timezone.utc).isoformat(), attempt=1,
             meta=meta)
         uri = store.put(job_id, checkpoint_dir_name(step, 1), files, manifest)

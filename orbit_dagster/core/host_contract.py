@@ -9,12 +9,14 @@ types below, never on strings.
 Kinds (version 1): started, device, probe, resumed, loaded, metrics, progress, checkpoint,
 interval, notice, evaluation, exit. (`interval` came later than the others: a control plane
 that predates it refuses those lines alone, as an unknown kind, and goes on.) Version 2 adds
-`rebalance` (AWS's rebalance recommendation). Each class names its fields and their types; a
+`rebalance` (AWS's rebalance recommendation) and an emergency save's plan (`plan`,
+`plan_fits`, `plan_reason`, `estimate_s`, `time_left_s`; `step` on a notice). Each class names its fields and their types; a
 field with a default may be absent from a line (an optional field that is None is left out).
 
 Versions. This control plane reads `READS_VERSIONS`; a host writes each line with the first
-version that has its kind (`SINCE`, at most `CONTRACT_VERSION`), so a version-1 control plane
-refuses only a newer host's new kinds, and goes on. A line older than its kind is refused; a
+version that has its kind and every field it carries (`SINCE`, `FIELDS_SINCE`, at most
+`CONTRACT_VERSION`), so a version-1 control plane refuses only a newer host's new kinds and
+the lines that carry new fields (an emergency save's plan), and goes on. A line older than its kind is refused; a
 line with no `contract` (a host from before the field) is read as version 1, so upgrading the
 control plane while attempts run on hosts loses nothing.
 
@@ -57,6 +59,9 @@ class HostEvent:
 
     KIND: ClassVar[str] = ""
     SINCE: ClassVar[int] = 1  # the contract version that introduced this kind: what its lines say
+    # Optional fields a later version added to an older kind: a line that carries one says that
+    # version, so an older control plane refuses it by its version, never reads half of it.
+    FIELDS_SINCE: ClassVar[dict[str, int]] = {}
     seq: int = 0
     ts: float = 0.0
     contract: int = 1
@@ -141,6 +146,7 @@ class Checkpoint(HostEvent):
     """A checkpoint is complete in the store (its manifest written last)."""
 
     KIND: ClassVar[str] = "checkpoint"
+    FIELDS_SINCE: ClassVar[dict[str, int]] = {"plan": 2, "plan_fits": 2, "plan_reason": 2, "estimate_s": 2, "time_left_s": 2}
     step: int
     tier: str
     uri: str
@@ -157,6 +163,12 @@ class Checkpoint(HostEvent):
     changed_fraction: float | None = None  # emergency saves: how much changed since the base
     changed_measure: str | None = None
     delta_of: str | None = None
+    # Emergency saves: what was chosen to fit the notice, and why (runtime/emergency.py).
+    plan: str | None = None  # "full" | "delta"
+    plan_fits: bool | None = None  # False: expected to miss the deadline, written anyway
+    plan_reason: str | None = None
+    estimate_s: float | None = None  # the measured estimate of this save's seconds
+    time_left_s: float | None = None  # until the notice's deadline, when the plan was made
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,9 +195,18 @@ class Notice(HostEvent):
     """A reclaim notice (the metadata endpoint, or SIGTERM)."""
 
     KIND: ClassVar[str] = "notice"
+    FIELDS_SINCE: ClassVar[dict[str, int]] = {"step": 2, **{"plan": 2, "plan_fits": 2, "plan_reason": 2, "estimate_s": 2, "time_left_s": 2}}
     source: str
     deadline: float | None
     received_at: float
+    # A second record of the same notice, once the emergency save is planned (before it is
+    # written, so the ledger knows a notice could not be met even if the host goes first).
+    step: int | None = None
+    plan: str | None = None
+    plan_fits: bool | None = None
+    plan_reason: str | None = None
+    estimate_s: float | None = None
+    time_left_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -278,6 +299,10 @@ def _coerce(kind: str, name: str, hint: Any, value: Any) -> Any:
         if not low <= value <= high:
             raise bad(f"an integer in [{low}, {high}]")
         return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
     if hint is float:
         if isinstance(value, str) and value in NON_FINITE:
             return NON_FINITE[value]
@@ -318,6 +343,10 @@ def from_mapping(obj: object) -> HostEvent:
     unknown = sorted(set(obj) - set(spec) - {KIND_FIELD}, key=str)
     if unknown:
         raise ContractError(f"{kind}: unknown field(s) {', '.join(map(_shown, unknown))}", kind)
+    newer = sorted(f for f, since in KINDS[kind].FIELDS_SINCE.items() if f in obj and since > version)
+    if newer:
+        raise ContractError(f"{kind}: field(s) {', '.join(newer)} of a later contract version; the line says "
+                            f"version {version}", kind)
     values = {}
     for name, (hint, required) in spec.items():
         if name in obj:
@@ -360,9 +389,15 @@ def encode(event: HostEvent) -> str:
     return line + "\n"
 
 
+def version_of(event: HostEvent) -> int:
+    """The first contract version that has the record's kind and every field it carries."""
+    present = [since for name, since in event.FIELDS_SINCE.items() if getattr(event, name) is not None]
+    return max([event.SINCE, *present])
+
+
 def stamp(event: HostEvent, *, seq: int, ts: float) -> HostEvent:
-    """The record as written: its place, its time, and the version of its kind."""
-    return replace(event, seq=seq, ts=ts, contract=event.SINCE)
+    """The record as written: its place, its time, and its version (`version_of`)."""
+    return replace(event, seq=seq, ts=ts, contract=version_of(event))
 
 
 def decode_line(raw: bytes, offset: int = 0) -> Entry:

@@ -5,14 +5,17 @@
    long and the notice lands mid-step;
 2. durable: every N steps to the checkpoint store. The training thread only copies the
    state to host memory (pinned buffers, reused between saves, when the state is on a
-   GPU) and goes on; a background thread serialises, hashes and writes it;
+   GPU) and goes on; a background thread serialises it straight into the store, whose
+   threads hash and write its parts meanwhile (storage/parts.py);
 3. emergency: on a reclaim notice, the newest state is persisted synchronously, ahead of
-   anything else, and reported before the deadline.
+   anything else, and reported before the deadline: the full state or a delta, whichever
+   fits the time left by the throughput measured on this host's earlier saves
+   (runtime/emergency.py); the plan is announced before the write and recorded in the event.
 A checkpoint becomes visible only with its manifest (see orbit_dagster.storage).
 
 Each byte is hashed once (see runtime.encoding). Every checkpoint event reports `save_seconds` (save call -> checkpoint durable),
 `blocked_seconds` (of that, the training thread's share) and `write_seconds` (serialise,
-hash and store put).
+hash and write, manifest last).
 """
 from __future__ import annotations
 
@@ -25,10 +28,11 @@ from typing import Any
 
 import torch
 
-from ..core.host_contract import Checkpoint
+from ..core.host_contract import Checkpoint, Notice
 from ..storage.base import CheckpointManifest, CheckpointStore, checkpoint_dir_name
 from . import delta as D
-from .encoding import encode, has_cuda, stage, weights_digest
+from .emergency import SaveTimes, choose
+from .encoding import has_cuda, stage, weights_digest, write_state
 from .events import EventWriter
 
 __all__ = ["STATE_FILE", "MEMORY_BUDGET", "Checkpointer", "weights_digest"]  # weights_digest: the control plane's too
@@ -67,6 +71,7 @@ class Checkpointer:
         self._memory_cost: float | None = None  # seconds the last memory snapshot took
         self._memory_at = 0.0
         self.save_seconds: list[float] = []
+        self.times = SaveTimes()  # this host's measured save throughput: what sizes an emergency save
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._lock = threading.Lock()  # serialises claims of a step (emergency vs background writer)
         self._saved_steps: set[int] = set()
@@ -144,12 +149,9 @@ class Checkpointer:
                 self._queue.task_done()
 
     def _write_durable(self, step: int, snapshot: dict, metrics: dict, ticket: _Ticket, keep_base: bool) -> None:
-        started = time.perf_counter()
-        blob, sha, weights = encode(snapshot, snapshot["model"])
         ticket.ready.wait()
-        uri = self._put(step, blob, sha, weights, metrics, "durable", called=ticket.called, started=started,
+        uri = self._put(step, snapshot, snapshot["model"], metrics, "durable", called=ticket.called,
                         blocked=ticket.blocked)
-        del blob
         if uri is None:
             return
         if keep_base:
@@ -165,8 +167,10 @@ class Checkpointer:
             raise self._errors.pop(0)
 
     # ---- tier 3 -------------------------------------------------------------------
-    def save_emergency(self, step: int, state: dict, metrics: dict, *, source: str, blocking: bool = True) -> str | None:
-        """Persist the newest state now, ahead of any queued durable write.
+    def save_emergency(self, step: int, state: dict, metrics: dict, *, source: str, blocking: bool = True,
+                       notice: dict | None = None) -> str | None:
+        """Persist the newest state now, ahead of any queued durable write: the full state or
+        a delta, whichever fits the time `notice` leaves (runtime/emergency.py).
 
         `blocking`: the caller is the training thread (its whole duration is blocked time).
         """
@@ -179,55 +183,64 @@ class Checkpointer:
         extra: dict = {}
         payload = host
         base = self._base
-        if base is not None:
-            delta, fraction = D.make_delta(host, base[1], base[0])
+        delta, fraction = (None, None) if base is None else D.make_delta(host, base[1], base[0], max_fraction=1.0)
+        if fraction is not None:
             extra = {"changed_fraction": round(fraction, 6), "changed_measure": "bytes"}
-            if delta is not None:
-                payload, extra["delta_of"] = delta, base[0]
         elif blocking and self._versions is not None:  # the live state (a memory copy has fresh versions)
             # No base kept (a full fine-tune): say how much was written since the last durable save.
             written, _ = self._written_since_durable(state)
             extra = {"changed_fraction": round(written or 0.0, 6), "changed_measure": "writes"}
-        started = time.perf_counter()
-        blob, sha, weights = encode(payload, host["model"])
-        return self._put(step, blob, sha, weights, metrics, "emergency", called=called, started=started,
-                         blocked=None if blocking else 0.0, source=source, extra=extra)
+        plan = choose(full_bytes=sum(D.nbytes(v) for _, v in D.leaves(host)),
+                      delta_bytes=D.delta_bytes(delta) if delta is not None and fraction < 1.0 else None,
+                      usual_delta=delta is not None and fraction <= D.MAX_CHANGED_FRACTION, times=self.times,
+                      notice=notice, last_durable_step=self.last_durable_step)
+        if notice is not None:  # announced before the write: a notice that cannot be met says so
+            self.events.emit(Notice(source=notice.get("source") or source, deadline=notice.get("deadline"),
+                                    received_at=float(notice.get("received_at") or time.time()), step=step,
+                                    **plan.fields()))
+        if plan.kind == "delta":
+            payload, extra["delta_of"] = delta, base[0]
+        return self._put(step, payload, host["model"], metrics, "emergency", called=called,
+                         blocked=None if blocking else 0.0, source=source,
+                         extra={**extra, **(plan.fields() if notice is not None else {})})
 
-    def emergency_from_memory(self, *, source: str) -> str | None:
+    def emergency_from_memory(self, *, source: str, notice: dict | None = None) -> str | None:
         with self._memory_lock:  # the training thread may not overwrite it while it is written
             if self.memory is None:
                 return None
             step, state, metrics = self.memory
-            return self.save_emergency(step, state, metrics, source=source, blocking=False)
+            return self.save_emergency(step, state, metrics, source=source, blocking=False, notice=notice)
 
     # ---- common -------------------------------------------------------------------
-    def _put(self, step: int, blob: bytes, blob_sha256: str, weights_sha: str, metrics: dict, tier: str, *,
-             called: float, started: float, blocked: float | None, source: str = "",
-             extra: dict | None = None) -> str | None:
+    def _put(self, step: int, payload: dict, model_state: dict, metrics: dict, tier: str, *, called: float,
+             blocked: float | None, source: str = "", extra: dict | None = None) -> str | None:
         name = checkpoint_dir_name(step, self.attempt)
+        uri = self.store.uri_for(self.job_id, name)
         with self._lock:
             # Claim the step and link the chain under the lock, then write outside it, so an
             # emergency save never waits for an older durable write still in flight.
             if step in self._saved_steps:
                 return None
             self._saved_steps.add(step)
-            parent = self.parent_uri
-            self.parent_uri = self.store.uri_for(self.job_id, name)
-        manifest = CheckpointManifest(
-            job_id=self.job_id,
-            step=step,
-            tier=tier,
-            files={STATE_FILE: {"sha256": blob_sha256, "bytes": len(blob)}},
-            weights_sha256=weights_sha,
-            parent=parent,
-            created_at=datetime.now(timezone.utc).isoformat(),
-            attempt=self.attempt,
-            meta={"metrics": metrics, **(extra or {})},
-        )
-        uri = self.store.put(self.job_id, name, {STATE_FILE: blob}, manifest)
+            parent, self.parent_uri = self.parent_uri, uri
+        started = time.perf_counter()
+        manifest = CheckpointManifest(job_id=self.job_id, step=step, tier=tier, files={}, parent=parent,
+                                      created_at=datetime.now(timezone.utc).isoformat(), attempt=self.attempt,
+                                      meta={"metrics": metrics, **(extra or {})}, format="torch")
+        try:
+            with self.store.writer(self.job_id, name) as w:
+                manifest.weights_sha256 = write_state(w, STATE_FILE, payload, model_state)
+                manifest = w.commit(manifest)  # the manifest last: the checkpoint exists from here
+        except BaseException:
+            with self._lock:  # never landed: the next checkpoint's parent is the one before
+                self._saved_steps.discard(step)
+                if self.parent_uri == uri:
+                    self.parent_uri = parent
+            raise
         landed = time.perf_counter()
         seconds = landed - called
         self.save_seconds.append(seconds)
+        self.times.record(manifest.total_bytes, landed - started)
         if tier == "durable":
             self.last_durable_step = max(step, self.last_durable_step or 0)
         self.events.emit(Checkpoint(
@@ -236,7 +249,7 @@ class Checkpointer:
             uri=uri,
             sha256=manifest.digest,
             bytes=manifest.total_bytes,
-            weights_sha256=weights_sha,
+            weights_sha256=manifest.weights_sha256,
             parent=parent,
             train_loss=metrics.get("train/loss"),
             save_seconds=round(seconds, 6),

@@ -31,16 +31,18 @@ from pathlib import Path
 
 from ..core import placeholders, process_tree
 from ..core.host_contract import Checkpoint, Evaluation, Loaded, Metrics, Resumed
-from ..storage.base import MANIFEST, CheckpointManifest, StoreError, checkpoint_dir_name, sha256_bytes
+from ..storage.base import MANIFEST, CheckpointManifest, StoreError, checkpoint_dir_name
+from ..storage.parts import PART_SIZE
 from .checkpoint_schedule import CheckpointSchedule
 from .exits import EXIT_OK, EXIT_USER_ERROR
 from .script_output import exit_code_for, metric_line
-from .watcher import CheckpointWatcher, Found
+from .watcher import CheckpointWatcher, Found, shards_format
 
 STDERR_TAIL_LINES = 50
 MAX_LINE = 1 << 20  # bytes of one line read at a time: a longer one is log output in pieces
 POLL_S = 0.25
 KILL_MARGIN_S = 1.0  # before a notice's deadline: the script is killed this early, the agent reports
+COPY_CHUNK = PART_SIZE  # reads of a script's checkpoint files: whole parts, handed to the store without a copy
 
 
 class CommandError(Exception):
@@ -64,6 +66,16 @@ def _entry_name(value: object) -> str:
     if not name or "/" in name or "\\" in name or name in (".", "..") or not name.isprintable() or len(name) > 255:
         raise CommandError(f"checkpoint name {name[:80]!r} is not a file name")
     return name
+
+
+def store_files(store, job_id: str, name: str, files: dict[str, Path], manifest: CheckpointManifest) -> CheckpointManifest:
+    """A script's checkpoint files streamed from disk into the store (each part hashed and
+    written on the store's threads; whole parts straight from the read buffer), the manifest last."""
+    with store.writer(job_id, name) as w:
+        for rel, path in files.items():
+            with open(path, "rb") as src, w.open(rel) as dst:
+                shutil.copyfileobj(src, dst, COPY_CHUNK)
+        return w.commit(manifest)
 
 
 def torchrun_argv(argv: list[str], processes: int) -> list[str]:
@@ -176,10 +188,10 @@ class CommandRun:
         self.events.emit(kind(uri=uri, step=manifest.step, tier=manifest.tier))
         return dest
 
-    def _files_of(self, found: Found) -> dict[str, bytes]:
+    def _files_of(self, found: Found) -> dict[str, Path]:
         if found.layout == "file":
-            return {found.name: found.path.read_bytes()}
-        return {str(f.relative_to(found.path)): f.read_bytes() for f in sorted(found.path.rglob("*")) if f.is_file()}
+            return {found.name: found.path}
+        return {str(f.relative_to(found.path)): f for f in sorted(found.path.rglob("*")) if f.is_file()}
 
     def _train_loss(self, step: int) -> float | None:
         with self._lock:
@@ -191,13 +203,13 @@ class CommandRun:
         tier = "emergency" if self._notice_at is not None else "durable"
         try:
             files = self._files_of(found)
-            manifest = CheckpointManifest(
-                job_id=self.job_id, step=found.step, tier=tier,
-                files={rel: {"sha256": sha256_bytes(b), "bytes": len(b)} for rel, b in files.items()},
+            name = checkpoint_dir_name(found.step, self.attempt)
+            manifest = store_files(self.store, self.job_id, name, files, CheckpointManifest(
+                job_id=self.job_id, step=found.step, tier=tier, files={}, format=shards_format(found),
                 parent=self._parent, created_at=datetime.now(timezone.utc).isoformat(), attempt=self.attempt,
                 meta={"layout": found.layout, "name": found.name, "format": "command",
-                      "metrics": {k: v for k, v in [("train/loss", self._train_loss(found.step))] if v is not None}})
-            uri = self.store.put(self.job_id, checkpoint_dir_name(found.step, self.attempt), files, manifest)
+                      "metrics": {k: v for k, v in [("train/loss", self._train_loss(found.step))] if v is not None}}))
+            uri = self.store.uri_for(self.job_id, name)
         except (OSError, StoreError) as exc:  # the script's files, not ours: logged, the run goes on
             print(f"orbit agent: checkpoint {found.name} (step {found.step}) was not stored: {exc}", flush=True)
             return
@@ -377,14 +389,15 @@ class CommandRun:
         """`kind: collect`: what the script wrote under the checkpoint directory, stored as one
         artifact set (not a checkpoint: nothing resumes from it, nothing evaluates it) and
         listed in the attempt's artifacts as `collected.json`."""
-        files = {str(f.relative_to(self.checkpoint_dir)): f.read_bytes()
+        files = {str(f.relative_to(self.checkpoint_dir)): f
                  for f in sorted(self.checkpoint_dir.rglob("*")) if f.is_file()}
-        listing = {rel: {"sha256": sha256_bytes(b), "bytes": len(b)} for rel, b in files.items()}
-        manifest = CheckpointManifest(job_id=self.job_id, step=self.last_step or 0, tier="artifact", files=listing,
+        manifest = CheckpointManifest(job_id=self.job_id, step=self.last_step or 0, tier="artifact", files={},
                                       created_at=datetime.now(timezone.utc).isoformat(), attempt=self.attempt,
                                       meta={"format": "command", "layout": "dir", "name": "collected"})
-        uri = self.store.put(self.job_id, f"collected-a{self.attempt}", files, manifest) if files else None
-        record = {"uri": uri, "sha256": manifest.digest if files else None, "files": listing}
+        name = f"collected-a{self.attempt}"
+        manifest = store_files(self.store, self.job_id, name, files, manifest) if files else manifest
+        uri = self.store.uri_for(self.job_id, name) if files else None
+        record = {"uri": uri, "sha256": manifest.digest if files else None, "files": manifest.files}
         (self.workdir / "artifacts" / "collected.json").write_text(json.dumps(record, indent=1))
 
 

@@ -65,18 +65,26 @@ def same_bytes(a: Any, b: Any) -> bool:
     return bool(torch.equal(_raw(a), _raw(b)))
 
 
-def make_delta(state: Any, base: dict[str, Any], base_uri: str) -> tuple[dict | None, float]:
+def make_delta(state: Any, base: dict[str, Any], base_uri: str,
+               max_fraction: float = MAX_CHANGED_FRACTION) -> tuple[dict | None, float]:
     """(delta payload or None when a full save is better, fraction of bytes changed).
 
-    `base` is the flattened base state (`flatten`), on the same host as `state`.
+    `base` is the flattened base state (`flatten`), on the same host as `state`; a delta of
+    more than `max_fraction` of the bytes is None (the emergency planner asks for any size:
+    when the full state does not fit a notice, a larger delta may).
     """
     flat = flatten(state)
     total = sum(nbytes(v) for v in flat.values()) or 1
     changed = {k: v for k, v in flat.items() if not isinstance(v, torch.Tensor) or not same_bytes(v, base.get(k))}
     fraction = sum(nbytes(v) for v in changed.values()) / total
-    if fraction > MAX_CHANGED_FRACTION:
+    if fraction > max_fraction:
         return None, fraction
     return {DELTA_KEY: {"base": base_uri, "changed": changed, "paths": list(flat)}}, fraction
+
+
+def delta_bytes(delta: dict) -> int:
+    """Tensor bytes a delta carries (what its save writes, give or take the bookkeeping)."""
+    return sum(nbytes(v) for v in delta[DELTA_KEY]["changed"].values())
 
 
 def is_delta(state: Any) -> bool:

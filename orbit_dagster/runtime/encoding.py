@@ -1,10 +1,11 @@
-"""Checkpoint bytes: host copies of a state, serialisation hashed as it is written, digests.
+"""Checkpoint bytes: host copies of a state, serialisation streamed into the store, digests.
 
-Each byte is hashed once: the file's sha256 (the manifest's integrity contract) while
-torch.save writes it, and the weights once more for the weights digest, in a second
-thread. torch.save's own zip CRC32 is switched off for these saves: it was a second
-checksum of every byte (as slow as the sha256 on our machines) and the manifest's sha256
-already covers them.
+Each byte is hashed once: torch.save writes into the store writer's file (a
+`storage.parts.PartStream`), which cuts it into parts hashed and written on the store's
+threads while torch goes on; the weights are hashed once more for the weights digest, in a
+second thread. torch.save's own zip CRC32 is switched off for these saves: it was a second
+checksum of every byte, on the saving thread (as slow as the sha256 on our machines), and
+the manifest's part digests already cover them.
 
 Runs on rented hosts: stdlib + torch only.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import threading
 from typing import Any, Iterator
 
@@ -64,29 +64,10 @@ def _without_zip_crc() -> Iterator[None]:
                 config.save.compute_crc32 = _without_zip_crc.previous  # type: ignore[attr-defined]
 
 
-class _HashingBuffer(io.BytesIO):
-    """A BytesIO that hashes what torch.save writes as it is written (one read of each byte)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sha256 = hashlib.sha256()
-
-    def write(self, data) -> int:  # type: ignore[override]
-        self.sha256.update(data)
-        return super().write(data)
-
-
-def serialise(state: dict[str, Any]) -> tuple[bytes, str]:
-    """(torch.save bytes of `state`, their sha256)."""
-    buf = _HashingBuffer()
-    with _without_zip_crc():
-        torch.save(state, buf)
-    return buf.getvalue(), buf.sha256.hexdigest()
-
-
-def encode(payload: dict[str, Any], model_state: dict[str, torch.Tensor]) -> tuple[bytes, str, str]:
-    """(blob, blob sha256, weights digest); the weights are hashed in a second thread
-    while the blob is written and hashed (hashlib releases the GIL)."""
+def write_state(writer: Any, rel: str, payload: dict[str, Any], model_state: dict[str, torch.Tensor]) -> str:
+    """torch.save `payload` as file `rel` of a store writer (streamed: no copy of the whole
+    file in memory); returns the weights digest, computed in a second thread meanwhile
+    (hashlib releases the GIL)."""
     out: dict[str, Any] = {}
 
     def digest() -> None:
@@ -98,12 +79,13 @@ def encode(payload: dict[str, Any], model_state: dict[str, torch.Tensor]) -> tup
     worker = threading.Thread(target=digest, name="weights-digest", daemon=True)
     worker.start()
     try:
-        blob, sha = serialise(payload)
+        with _without_zip_crc(), writer.open(rel) as fh:
+            torch.save(payload, fh)
     finally:
         worker.join()
     if "error" in out:
         raise out["error"]
-    return blob, sha, out["weights"]
+    return out["weights"]
 
 
 # ---- host copies --------------------------------------------------------------------

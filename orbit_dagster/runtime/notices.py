@@ -60,6 +60,15 @@ class NoticeWatcher:
     def source(self) -> str:
         return (self.notice or {}).get("source") or ("sigterm" if self._sigterm_at is not None else "unknown")
 
+    @property
+    def current(self) -> dict | None:
+        """The notice (source, deadline, received_at); a SIGTERM's before its thread recorded it."""
+        if self.notice is not None:
+            return self.notice
+        if self._sigterm_at is not None:
+            return {"source": "sigterm", "deadline": None, "received_at": self._sigterm_at}
+        return None
+
     def _fire(self, source: str, deadline: float | None) -> None:
         if self._event.is_set():
             return

@@ -119,16 +119,21 @@ class RunContext:
     def _load(self, uri: str, purpose: str) -> dict[str, Any]:
         if self.store is None:
             raise RuntimeError("no checkpoint store configured")
-        dest = self.workdir / f"{purpose}-{uri.rstrip('/').rsplit('/', 1)[-1]}"
-        shutil.rmtree(dest, ignore_errors=True)
-        manifest = self.store.fetch(uri, dest)  # verifies every sha256
+        scratch = self.workdir / f"{purpose}-{uri.rstrip('/').rsplit('/', 1)[-1]}"
+        shutil.rmtree(scratch, ignore_errors=True)
+        # Every part verified (on several threads); a local store's files are read where they
+        # lie, a remote one's are fetched into `scratch` first.
+        manifest, directory = self.store.checkout(uri, scratch)
         if purpose in ("resume", "eval") and self.expect_sha256 and manifest.digest != self.expect_sha256:
             # The files match their manifest, but not what the control plane registered:
             # both were rewritten. Never train on or evaluate such weights.
             raise CheckpointMismatch(f"checkpoint {uri} has digest {manifest.digest[:12]}, the ledger recorded "
                                      f"{self.expect_sha256[:12]}")
         # weights_only=True: a checkpoint from a rented host is data, never code.
-        state = torch.load(dest / STATE_FILE, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)  # loaded: a fetched copy is no longer needed
         if is_delta(state):  # an emergency delta: its base first, then the changed leaves
             base = self._load(state[DELTA_KEY]["base"], f"{purpose}-base")
             state = apply_delta(base, state)
@@ -179,7 +184,8 @@ class RunContext:
                 return
             if self.watcher.pending:
                 self.events.emit(Progress(step=step))
-                ck.save_emergency(step, state_fn(), self._flush_metrics(step), source=self.watcher.source)
+                ck.save_emergency(step, state_fn(), self._flush_metrics(step), source=self.watcher.source,
+                                  notice=self.watcher.current)
                 self._emergency_done.set()
                 raise Preempted(f"reclaim notice ({self.watcher.source}); emergency checkpoint at step {step}")
             if final or self.schedule.due(step) or self._durable_asked.is_set():
@@ -213,7 +219,7 @@ class RunContext:
             # The training thread is stuck in a long step: the snapshot is older but it is
             # the newest state we can save before the deadline. If the step boundary comes
             # after all, it saves a newer checkpoint too; both are complete and valid.
-            if self.checkpointer.emergency_from_memory(source="memory-snapshot"):
+            if self.checkpointer.emergency_from_memory(source="memory-snapshot", notice=self.watcher.current):
                 self._emergency_done.set()
 
         threading.Thread(target=fallback, name="notice-fallback", daemon=True).start()

@@ -9,7 +9,8 @@ a file as `<name><marker>`). Temporary names (a leading `.` or `tmp`, a `.tmp` o
 suffix) are never checkpoints. A step is reported at most once.
 
 Without a marker, a writer that pauses longer than `settle_seconds` mid-file looks complete:
-that is what the marker is for. A file that had not settled when its writer was killed is
+that is what the marker is for. A torch.distributed.checkpoint directory (`*.distcp` shards)
+has one of its own: it is complete only once its `.metadata` is written. A file that had not settled when its writer was killed is
 never reported (`settle_after_exit(killed=True)`).
 
 Polling, not inotify: it works on every filesystem a rented host mounts, and a test drives it
@@ -27,6 +28,9 @@ from typing import Callable
 DEFAULT_PATTERN = r"^.*[-_](?P<step>\d+)(\.(pt|pth|ckpt|bin|safetensors))?$"
 TEMP_PREFIXES = (".", "tmp")
 TEMP_SUFFIXES = (".tmp", ".partial")
+
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint: written last, by the coordinator rank
+DCP_SHARD = ".distcp"  # its shard files
 
 Fingerprint = tuple[tuple[str, int, int], ...]
 
@@ -46,6 +50,12 @@ class Found:
     @property
     def name(self) -> str:
         return self.path.name
+
+
+def shards_format(found: Found) -> str:
+    """What a checkpoint's files are, for its manifest: `dcp` for a torch.distributed.checkpoint
+    directory (shards loadable into another world size, docs/bring-your-own.md), else `files`."""
+    return "dcp" if found.layout == "dir" and (found.path / DCP_METADATA).is_file() else "files"
 
 
 def compile_pattern(pattern: str | None) -> re.Pattern:
@@ -97,6 +107,10 @@ class CheckpointWatcher:
         return int(m.group("step"))
 
     def _marked(self, path: Path) -> bool:
+        if path.is_dir() and not (path / DCP_METADATA).is_file() and any(path.glob(f"*{DCP_SHARD}")):
+            # torch.distributed.checkpoint shards without their metadata: the coordinator
+            # writes `.metadata` once every rank's shards are written; until then, torn.
+            return False
         if not self.marker:
             return True
         if path.is_dir():

@@ -220,7 +220,7 @@ class Settings:
         raise OrbitError(f"unknown checkpoint store {kind!r}", field="checkpoint.store", value=kind, fix="fs or s3")
 
     def s3_tuning(self) -> dict[str, int]:
-        """The S3 store's multipart sizes (ORBIT_S3_MULTIPART_THRESHOLD, ORBIT_S3_PART_SIZE)."""
+        """The S3 store's part size, threshold and concurrency (ORBIT_S3_PART_SIZE, _MULTIPART_THRESHOLD, _CONCURRENCY)."""
         try:
             return tuning(self.env)
         except BadTuning as exc:  # the store's own error (it runs on hosts too), as the settings' kind

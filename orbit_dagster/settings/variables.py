@@ -43,8 +43,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("ORBIT_CHECKPOINT_STORE", "`$ORBIT_HOME/checkpoints`", "the filesystem checkpoint store "
                                                                     "(`checkpoint.store: fs`), a `file://` URI"),
     Variable("ORBIT_S3_CHECKPOINT_STORE", "", "the S3 checkpoint store (`checkpoint.store: s3`), `s3://BUCKET/PREFIX`"),
-    Variable("ORBIT_S3_MULTIPART_THRESHOLD", "67108864 (64 MiB)", "bytes from which a file goes by multipart upload"),
-    Variable("ORBIT_S3_PART_SIZE", "16777216 (16 MiB)", "bytes per multipart part (at least 5 MiB)"),
+    Variable("ORBIT_S3_MULTIPART_THRESHOLD", "67108864 (64 MiB)", "a file of one part smaller than this goes as one "
+                                                                  "PUT; any other by multipart upload"),
+    Variable("ORBIT_S3_PART_SIZE", "16777216 (16 MiB)", "bytes per part of a checkpoint file (at least 5 MiB): each "
+                                                        "part's sha256 is in the manifest and sent as its checksum"),
+    Variable("ORBIT_S3_CONCURRENCY", "8", "parts of a checkpoint uploaded or downloaded at once"),
     Variable("ORBIT_BUNDLE_MAX_MB", "256", "the largest workload directory a bundle packages (its `.orbitignore` "
                                            "leaves data out)"),
     Variable("ORBIT_EVAL_TIMEOUT_S", "1800", "the longest one evaluation may run"),

@@ -2,6 +2,7 @@
 
 (The same path under a real Dagster daemon, restarts included, is tests/e2e/test_recovery_e2e.py.)
 """
+import json
 import math
 import time
 
@@ -100,6 +101,10 @@ def test_a_notice_becomes_an_emergency_checkpoint_and_no_step_is_lost(settings):
     assert emergency[0]["created_at"] <= usage["stopped_at"] < reclaim_at - 1
     notices = ledger.rows("SELECT detail FROM events WHERE job_id = ? AND kind = 'host_notice'", [job])
     assert len(notices) == 1
+    # The emergency save was planned against the notice's deadline, and said so before it was written.
+    (plan,) = [json.loads(r["detail"]) for r in ledger.rows(
+        "SELECT detail FROM events WHERE job_id = ? AND kind = 'emergency_plan'", [job])]
+    assert plan["step"] == emergency[0]["step"] and plan["plan_fits"] is True and plan["time_left_s"] > 0
     second = run_attempt(settings, job)
     assert second.state == "SUCCEEDED"
     assert ledger.rows("SELECT resume_from FROM runs WHERE run_id = ?", [R.run_id_for(job, 2)])[0]["resume_from"] \

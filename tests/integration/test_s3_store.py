@@ -11,6 +11,7 @@ from orbit_dagster.settings import Settings
 from orbit_dagster.storage import open_store
 from orbit_dagster.storage.base import MANIFEST, CheckpointManifest, StoreError, checkpoint_dir_name, sha256_bytes
 from orbit_dagster.storage.s3 import MIB, S3Store
+from orbit_dagster.storage.s3_parts import PART_TRIES
 from tests.integration.moto_fixtures import aws_env, client, moto_server, s3_bucket  # noqa: F401
 
 
@@ -83,7 +84,7 @@ def test_a_truncated_or_changed_object_is_rejected_naming_its_key(aws_env, s3_bu
         store.fetch(uri, tmp_path / "t")
     assert not (tmp_path / "t" / "state.pt").exists() and not list((tmp_path / "t").rglob("*.part"))
     s3.put_object(Bucket=s3_bucket, Key=key, Body=bytes([data[0] ^ 1]) + data[1:])  # same size, one bit
-    with pytest.raises(StoreError, match=rf"{key}\) does not match its manifest sha256"):
+    with pytest.raises(StoreError, match=rf"{key}\) part 1 of 1 \(bytes 0-99999\) does not match its manifest sha256"):
         store.verify(uri)
     s3.delete_object(Bucket=s3_bucket, Key=key)
     with pytest.raises(StoreError, match=rf"{key}\) is missing"):
@@ -100,24 +101,41 @@ def test_a_checkpoint_without_manifest_is_invisible_and_unusable(aws_env, s3_buc
         store.verify(store.uri_for("job-i", "step-000000008-a1"))
 
 
-def test_a_put_that_fails_registers_nothing_and_aborts_its_upload(aws_env, s3_bucket):
-    store = S3Store(f"s3://{s3_bucket}/fail", multipart_threshold=1 * MIB, part_size=5 * MIB)
-    calls = {"parts": 0}
+def test_a_part_that_fails_once_is_retried_alone(aws_env, s3_bucket):
+    store = S3Store(f"s3://{s3_bucket}/retry", multipart_threshold=1 * MIB, part_size=5 * MIB)
+    sent: list[int] = []
 
-    def second_part_fails(params, **_):
-        calls["parts"] += 1
-        if calls["parts"] == 2:
+    def second_part_fails_once(params, **_):
+        sent.append(params["PartNumber"])
+        if params["PartNumber"] == 2 and sent.count(2) == 1:
             raise ConnectionResetError("link dropped during part 2")
 
-    # Fault injection on the real client: the request before part 2 leaves never happens.
-    store.client.meta.events.register("before-call.s3.UploadPart", second_part_fails)
+    # Fault injection on the real client: the parameters are built, the request never leaves.
+    store.client.meta.events.register("before-parameter-build.s3.UploadPart", second_part_fails_once)
     try:
-        files = {"small.txt": b"written first", "state.pt": os.urandom(6 * MIB)}
+        data = os.urandom(16 * MIB)
+        uri = store.put("job-r", "step-000000001-a1", {"state.pt": data}, _manifest("job-r", 1, {}))
+    finally:
+        store.client.meta.events.unregister("before-parameter-build.s3.UploadPart", second_part_fails_once)
+    assert sorted(sent) == [1, 2, 2, 3, 4] and store.stats["part_retries"] == 1  # part 2 again, nothing else
+    assert store.verify(uri).total_bytes == len(data)
+
+
+def test_a_put_whose_part_keeps_failing_registers_nothing_and_aborts_its_upload(aws_env, s3_bucket):
+    store = S3Store(f"s3://{s3_bucket}/fail", multipart_threshold=1 * MIB, part_size=5 * MIB)
+
+    def second_part_fails(params, **_):
+        if params["PartNumber"] == 2:
+            raise ConnectionResetError("link dropped during part 2")
+
+    store.client.meta.events.register("before-parameter-build.s3.UploadPart", second_part_fails)
+    try:
+        files = {"small.txt": b"written first", "state.pt": os.urandom(11 * MIB)}
         with pytest.raises(ConnectionResetError):
             store.put("job-f", "step-000000001-a1", files, _manifest("job-f", 1, files))
     finally:
-        store.client.meta.events.unregister("before-call.s3.UploadPart", second_part_fails)
-    assert store.stats["aborted_uploads"] == 1
+        store.client.meta.events.unregister("before-parameter-build.s3.UploadPart", second_part_fails)
+    assert store.stats["aborted_uploads"] == 1 and store.stats["part_retries"] == PART_TRIES - 1
     assert list(store.list("job-f")) == []
     assert _keys(aws_env, s3_bucket, "fail/") == []  # the first file was tidied away too
     assert client("s3", aws_env).list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []

@@ -9,7 +9,6 @@ trusted: paths in its events and manifests are checked before anything is writte
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import posixpath
 import re
@@ -26,6 +25,7 @@ from ...core.errors import ProviderError
 from ...core.host_contract import Checkpoint
 from ...storage.base import MANIFEST, CheckpointManifest, StoreError, checkpoint_dir_name
 from ...storage.fs import FsStore
+from ...storage.reading import Digester
 
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 CHUNK = 1 << 20
@@ -95,7 +95,8 @@ def fetch_checkpoint(sftp: paramiko.SFTPClient, remote_dir: str, store_uri: str)
         tmp = final.parent / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
         try:
             for rel, info in sorted(manifest.files.items()):
-                _get_verified(sftp, posixpath.join(remote_dir, _safe_rel(rel)), tmp / rel, info)
+                _get_verified(sftp, posixpath.join(remote_dir, _safe_rel(rel)), tmp / rel,
+                              Digester(info, manifest.version, manifest.part_size))
             with _our_disk(tmp / MANIFEST), open(tmp / MANIFEST, "wb") as fh:  # last: complete only now
                 fh.write(manifest_bytes)
                 fh.flush()
@@ -115,8 +116,8 @@ def fetch_checkpoint(sftp: paramiko.SFTPClient, remote_dir: str, store_uri: str)
     return final.as_uri()
 
 
-def _get_verified(sftp: paramiko.SFTPClient, remote: str, local: Path, info: dict) -> None:
-    h, size = hashlib.sha256(), 0
+def _get_verified(sftp: paramiko.SFTPClient, remote: str, local: Path, digest: Digester) -> None:
+    """One file over SFTP, hashed as it arrives (the whole file, or each part: either manifest version)."""
     with sftp.open(remote, "rb") as src:
         src.prefetch()  # pipelined reads: several times faster than one request per chunk
         with _our_disk(local):
@@ -124,17 +125,17 @@ def _get_verified(sftp: paramiko.SFTPClient, remote: str, local: Path, info: dic
             out = open(local, "wb")
         with out:
             while chunk := src.read(CHUNK):  # a failure here is the host's (or the link's)
-                h.update(chunk)
-                size += len(chunk)
+                digest.update(chunk)
                 with _our_disk(local):
                     out.write(chunk)
             with _our_disk(local):
                 out.flush()
                 os.fsync(out.fileno())
-    if size != int(info["bytes"]) or h.hexdigest() != info["sha256"]:
-        raise ProviderError(f"checkpoint file {remote} arrived as {size} bytes sha256 {h.hexdigest()[:12]}, "
-                            f"the manifest says {info['bytes']} bytes {str(info['sha256'])[:12]}", provider="ssh",
-                            retryable=True, fix="the copy was discarded; the next read copies it again")
+    problem = digest.problem()
+    if problem is not None:
+        raise ProviderError(f"checkpoint file {remote} arrived as {digest.size} bytes that do not match its manifest "
+                            f"({problem})", provider="ssh", retryable=True,
+                            fix="the copy was discarded; the next read copies it again")
 
 
 @contextmanager

@@ -52,6 +52,15 @@ def _sha256(path):
     return h.hexdigest()
 
 
+def _part_digests(path, part_size):
+    """The sha256 of each `part_size` part of a file (a version-2 manifest's `parts`)."""
+    out = []
+    with open(path, "rb") as fh:
+        for part in iter(lambda: fh.read(part_size), b""):
+            out.append(hashlib.sha256(part).hexdigest())
+    return out
+
+
 def pid_alive(pid, token):
     """Alive, not a zombie, and still our process (its argv names `token`: pids get reused)."""
     if not pid:
@@ -212,7 +221,8 @@ def hash_files(req):
 
 
 def verify_checkpoint(req):
-    """`{"ok": true}` when manifest.json exists and every file matches it."""
+    """`{"ok": true}` when manifest.json exists and every file matches it (its whole-file sha256
+    in a version-1 manifest, the sha256 of each part in a version-2 one: storage/base.py)."""
     manifest = _read_json(os.path.join(req["dir"], "manifest.json"))
     if manifest is None:
         return {"ok": False, "problem": "no manifest.json (incomplete checkpoint)",
@@ -221,7 +231,12 @@ def verify_checkpoint(req):
         path = os.path.join(req["dir"], rel)
         if not os.path.isfile(path):
             return {"ok": False, "problem": "file %s is missing" % rel}
-        if os.path.getsize(path) != int(info["bytes"]) or _sha256(path) != info["sha256"]:
+        if manifest.get("version", 1) == 1:
+            same = os.path.getsize(path) == int(info["bytes"]) and _sha256(path) == info["sha256"]
+        else:
+            same = (os.path.getsize(path) == int(info["bytes"])
+                    and _part_digests(path, int(manifest["part_size"])) == info["parts"])
+        if not same:
             return {"ok": False, "problem": "file %s does not match its manifest sha256" % rel}
     return {"ok": True, "files": len(manifest["files"])}
 

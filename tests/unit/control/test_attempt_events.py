@@ -75,3 +75,26 @@ def test_a_nan_metric_and_a_host_notice_reach_the_ledger_as_before(monitor):
     assert [(r["name"], r["value"]) for r in ledger.rows("SELECT name, value FROM metric_points")] == [("lr", 0.1)]
     (notice,) = ledger.rows("SELECT detail, instance_id FROM events WHERE kind = 'host_notice'")
     assert json.loads(notice["detail"])["source"] == "sigterm" and notice["instance_id"] == "sim-unit"
+
+
+def test_a_notice_the_emergency_save_cannot_meet_is_in_the_ledger(monitor):
+    """The agent announces its emergency plan as a second record of the notice, before the
+    write: the ledger says the notice could not be met even when no checkpoint follows."""
+    lines = [
+        {"seq": 1, "ts": 1790000000.0, "type": "notice", "contract": 1, "source": "metadata",
+         "deadline": 1790000030.0, "received_at": 1790000000.0},
+        {"seq": 2, "ts": 1790000001.0, "type": "notice", "contract": 1, "source": "metadata",
+         "deadline": 1790000030.0, "received_at": 1790000000.0, "step": 40, "plan": "full", "plan_fits": False,
+         "plan_reason": "estimated 45.0 s, 29.0 s left: expected to miss the deadline", "estimate_s": 45.0,
+         "time_left_s": 29.0},
+    ]
+    entries, _ = read_chunk("".join(json.dumps(line) + "\n" for line in lines).encode(), 0)
+    monitor._on_events(entries)
+    monitor._on_events(entries)  # read again (a re-attach reads from the start): recorded once
+
+    def detail(kind):
+        return [json.loads(r["detail"]) for r in monitor.ledger.rows("SELECT detail FROM events WHERE kind = ?", [kind])]
+
+    assert len(detail("host_notice")) >= 1 and all(d.get("plan") is None for d in detail("host_notice"))
+    (plan,) = detail("emergency_plan")
+    assert plan["plan_fits"] is False and plan["step"] == 40 and "expected to miss" in plan["plan_reason"]

@@ -25,10 +25,14 @@ SAMPLES: dict[str, H.HostEvent] = {e.KIND: e for e in (
     H.Checkpoint(step=8, tier="emergency", uri="file:///s/job-a/step-000000008-a2", sha256="a" * 64, bytes=1234,
                  attempt=2, weights_sha256="b" * 64, parent="file:///s/job-a/step-000000004-a1", train_loss=2.4,
                  save_seconds=0.01, blocked_seconds=0.01, write_seconds=0.005, source="metadata",
-                 changed_fraction=0.25, changed_measure="bytes", delta_of="file:///s/job-a/step-000000004-a1"),
+                 changed_fraction=0.25, changed_measure="bytes", delta_of="file:///s/job-a/step-000000004-a1",
+                 plan="delta", plan_fits=True, plan_reason="a delta of 1.2 MB fits", estimate_s=0.4,
+                 time_left_s=28.5),
     H.Interval(step=8, next_step=20, steps=12, age_s=960.0, policy="orbit", reason="the policy's interval",
                cadence_steps=50, interval_s=57.6, policy_steps=12, work_left_s=1000.0, step_s=4.8),
-    H.Notice(source="sigterm", deadline=None, received_at=1_790_000_000.5),
+    H.Notice(source="metadata", deadline=1_790_000_030.0, received_at=1_790_000_000.5, step=8, plan="full",
+             plan_fits=False, plan_reason="estimated 45.0 s, 29.5 s left: expected to miss", estimate_s=45.0,
+             time_left_s=29.5),
     H.Rebalance(source="metadata", notice_time=1_790_000_000.0, received_at=1_790_000_000.5, action="checkpoint"),
     H.Evaluation(metrics={"eval/loss": 1.9}, checkpoint="file:///s/job-a/step-000000008-a2"),
     H.Exit(code=75, failure_class="reclaim", reason="reclaim notice", seconds=12.5, last_step=8),
@@ -55,7 +59,7 @@ def test_every_kind_round_trips_through_a_line(kind):
     line = H.encode(record)
     assert line.endswith("\n") and "\n" not in line[:-1]
     obj = json.loads(line)
-    assert obj["type"] == kind and obj["contract"] == type(record).SINCE  # each kind's own version
+    assert obj["type"] == kind and obj["contract"] == H.version_of(record)  # its kind's and fields' own version
     (back,), offset = H.read_chunk(line.encode(), 100)
     assert back == record and type(back) is type(record) and offset == 100 + len(line.encode())
 
@@ -66,6 +70,13 @@ def test_a_diverged_metric_is_written_as_valid_json_and_read_back_as_nan():
         "train/loss": "nan", "g": "inf"}
     (back,), _ = H.read_chunk(line.encode(), 0)
     assert math.isnan(back.values["train/loss"]) and back.values["g"] == math.inf
+
+
+def test_a_notice_or_checkpoint_of_a_host_before_emergency_plans_still_reads():
+    """The plan fields came later: lines without them (an older host) read with them absent."""
+    old = b'{"type": "notice", "seq": 1, "ts": 1.0, "source": "sigterm", "deadline": null, "received_at": 1.0}\n'
+    (got,), _ = H.read_chunk(old, 0)
+    assert isinstance(got, H.Notice) and got.plan is None and got.plan_fits is None
 
 
 def test_a_line_without_a_version_is_read_as_version_1():
@@ -103,6 +114,10 @@ def test_a_line_without_a_version_is_read_as_version_1():
     (f'{{"type": "metrics", "step": 1, "values": {{"loss": {10**400}}}}}', "not a number a float holds"),
     ('{"type": "exit", "code": 0, "failure_class": 7, "reason": "", "seconds": 1}', "exit: field 'failure_class'"),
     ('[1, 2]', "a line is a JSON object, not list"),
+    ('{"type": "notice", "source": "x", "deadline": null, "received_at": 1, "contract": 2, "plan_fits": "no"}',
+     "notice: field 'plan_fits' is 'no', not true or false"),
+    ('{"type": "notice", "source": "x", "deadline": null, "received_at": 1, "contract": 2, "plan_fits": 1}',
+     "field 'plan_fits' is 1, not true or false"),
 ])
 def test_refusals_name_the_kind_version_or_field(line, words):
     if words is None:
@@ -155,7 +170,7 @@ def test_every_field_type_has_a_reading_rule():
     """A field whose type no rule covers would make every line of its kind raise, not refuse."""
     for kind, cls in H.KINDS.items():
         assert set(H.SPECS[kind]) == {f.name for f in fields(cls)}
-        H.from_mapping(json.loads(H.encode(SAMPLES[kind])))
+        H.from_mapping(json.loads(H.encode(H.stamp(SAMPLES[kind], seq=0, ts=0.0))))
 
 
 def _imports(path: Path) -> set[str]:
@@ -187,3 +202,15 @@ def test_the_host_side_imports_nothing_of_core_but_what_travels():
             if isinstance(node, ast.ImportFrom) and node.level >= 2 and (node.module or "").startswith("core"):
                 modules = {node.module} if node.module != "core" else {f"core.{a.name}" for a in node.names}
                 assert modules <= shipped, f"{path.name} imports {node.module}"
+
+
+def test_a_field_added_to_an_older_kind_raises_the_lines_version_and_an_older_line_cannot_carry_it():
+    plain = H.Checkpoint(step=8, tier="durable", uri="file:///s/j/step-000000008-a1", sha256="a" * 64, bytes=1,
+                         attempt=1)
+    assert H.version_of(plain) == 1  # what a version-1 control plane reads, as before
+    planned = SAMPLES["checkpoint"]
+    assert H.version_of(planned) == 2 and json.loads(H.encode(H.stamp(planned, seq=1, ts=0.0)))["contract"] == 2
+    line = json.loads(H.encode(H.stamp(planned, seq=1, ts=0.0)))
+    line["contract"] = 1
+    (refused,), _ = H.read_chunk((json.dumps(line) + "\n").encode(), 0)
+    assert isinstance(refused, H.Rejected) and "plan" in refused.reason and "version 1" in refused.reason

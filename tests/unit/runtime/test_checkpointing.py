@@ -1,4 +1,4 @@
-"""The checkpoint save path: one hash per byte, host copies, honest timings, deltas by bytes."""
+"""The checkpoint save path: one hash per byte (per part, streamed), host copies, honest timings, deltas by bytes."""
 import json
 import threading
 import time
@@ -8,10 +8,10 @@ import torch
 
 from orbit_dagster.runtime import delta as D
 from orbit_dagster.runtime.checkpointing import STATE_FILE, Checkpointer
-from orbit_dagster.runtime.encoding import encode, serialise, stage, weights_digest
+from orbit_dagster.runtime.encoding import stage, weights_digest, write_state
 from orbit_dagster.runtime.events import EventWriter
 from orbit_dagster.storage import open_store
-from orbit_dagster.storage.base import sha256_bytes
+from orbit_dagster.storage.base import CheckpointManifest, sha256_bytes
 from orbit_dagster.storage.fs import FsStore
 
 
@@ -35,9 +35,8 @@ def checkpointer(tmp_path, store=None):
 
 
 def load(store, uri, tmp_path):
-    dest = tmp_path / f"fetched-{uri.rsplit('/', 1)[-1]}-{time.monotonic_ns()}"
-    store.fetch(uri, dest)
-    return torch.load(dest / STATE_FILE, map_location="cpu", weights_only=True)
+    _, directory = store.checkout(uri, tmp_path / f"fetched-{uri.rsplit('/', 1)[-1]}-{time.monotonic_ns()}")
+    return torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
 
 
 def assert_same(a, b):
@@ -47,35 +46,49 @@ def assert_same(a, b):
         assert (D.same_bytes(fa[k], fb[k]) if isinstance(fa[k], torch.Tensor) else fa[k] == fb[k]), k
 
 
-def test_serialise_hashes_exactly_the_bytes_it_returns_and_leaves_torch_settings_alone(tmp_path):
+def save(store, state, name="step-000000001-a1"):
+    with store.writer("j", name) as w:
+        weights = write_state(w, STATE_FILE, state, state["model"])
+        manifest = w.commit(CheckpointManifest(job_id="j", step=1, tier="durable", files={}, format="torch"))
+    return w.uri, manifest, weights
+
+
+def test_the_stream_hashes_exactly_the_bytes_it_writes_and_leaves_torch_settings_alone(tmp_path):
     from torch.utils.serialization import config
 
+    store = FsStore((tmp_path / "s").as_uri(), part_size=64 * 1024)  # small parts: many of them
     state = make_state()
-    blob, sha = serialise(state)
-    assert sha == sha256_bytes(blob)
-    (tmp_path / "s.pt").write_bytes(blob)
-    assert_same(torch.load(tmp_path / "s.pt", weights_only=True), state)
+    uri, manifest, weights = save(store, state)
+    blob = (tmp_path / "s" / "j" / "step-000000001-a1" / STATE_FILE).read_bytes()
+    parts = [sha256_bytes(blob[i:i + 64 * 1024]) for i in range(0, len(blob), 64 * 1024)]
+    assert manifest.files[STATE_FILE] == {"bytes": len(blob), "parts": parts} and len(parts) > 10
+    assert manifest.version == 2 and manifest.format == "torch" and weights == weights_digest(state["model"])
+    assert_same(torch.load(tmp_path / "s" / "j" / "step-000000001-a1" / STATE_FILE, weights_only=True), state)
     assert config.save.compute_crc32 is True  # switched off only while our save ran
 
 
-def test_overlapping_saves_restore_the_crc_setting():
+def test_overlapping_saves_restore_the_crc_setting(tmp_path):
     from torch.utils.serialization import config
 
+    store = FsStore((tmp_path / "s").as_uri())
     states = [make_state(seed=i, size=256 * 1024) for i in range(4)]
-    threads = [threading.Thread(target=serialise, args=(s,)) for s in states]
+    threads = [threading.Thread(target=save, args=(store, s, f"step-00000000{i}-a1")) for i, s in enumerate(states)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert config.save.compute_crc32 is True
+    assert len(list(store.list("j"))) == 4
 
 
-def test_encode_digests_the_weights_in_parallel_and_raises_its_errors_on_the_caller():
+def test_the_weights_digest_errors_reach_the_caller_and_nothing_is_committed(tmp_path):
+    store = FsStore((tmp_path / "s").as_uri())
     state = make_state()
-    blob, sha, weights = encode(state, state["model"])
-    assert weights == weights_digest(state["model"]) and sha == sha256_bytes(blob)
     with pytest.raises(AttributeError):
-        encode(state, {"w": "not a tensor"})
+        with store.writer("j", "step-000000001-a1") as w:
+            write_state(w, STATE_FILE, state, {"w": "not a tensor"})
+            w.commit(CheckpointManifest(job_id="j", step=1, tier="durable", files={}))
+    assert list(store.list("j")) == [] and not list((tmp_path / "s" / "j").iterdir())
 
 
 def test_stage_is_a_copy_later_steps_cannot_change():
@@ -122,13 +135,13 @@ def test_durable_save_is_consistent_verified_and_reports_its_times(tmp_path):
 
 
 class SlowStore(FsStore):
-    """A filesystem store whose puts take at least `delay` seconds (a slow disk or network)."""
+    """A filesystem store whose writes take at least `delay` seconds (a slow disk or network)."""
 
     delay = 1.0
 
-    def put(self, *args, **kw):
+    def writer(self, *args, **kw):
         time.sleep(self.delay)
-        return super().put(*args, **kw)
+        return super().writer(*args, **kw)
 
 
 def test_blocked_time_includes_waiting_for_the_writer_and_save_time_includes_both(tmp_path):

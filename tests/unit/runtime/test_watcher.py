@@ -51,6 +51,21 @@ def test_a_directory_without_its_marker_is_not_registered(tmp_path):
     assert steps(w.poll()) == [("checkpoint-100", 100, "dir")]
 
 
+def test_a_sharded_checkpoint_waits_for_its_metadata_without_a_marker_in_the_template(tmp_path):
+    w, clock, _ = watcher(tmp_path)
+    d = tmp_path / "ckpt_20"
+    d.mkdir()
+    (d / "__0_0.distcp").write_bytes(b"rank 0 shard")
+    (d / "__1_0.distcp").write_bytes(b"rank 1 shard")
+    w.poll()
+    clock.now += 60
+    assert w.poll() == []  # every rank's shards settled, the coordinator's metadata not yet written
+    (d / ".metadata").write_bytes(b"plan")
+    w.poll()
+    clock.now += 2.5
+    assert steps(w.poll()) == [("ckpt_20", 20, "dir")]
+
+
 def test_a_file_checkpoint_waits_for_its_sibling_marker_which_is_no_checkpoint(tmp_path):
     w, clock, _ = watcher(tmp_path, complete_marker=".orbit-complete")
     (tmp_path / "step-7.ckpt").write_bytes(b"x")

@@ -1,0 +1,166 @@
+"""A sharded training script (FSDP2) whose checkpoints are torch.distributed.checkpoint (DCP)
+directories, launched by torchrun or as one plain process (no orbit import).
+
+    torchrun --standalone --nproc_per_node 2 train.py --output_dir out --steps 200
+    python train.py --output_dir out --resume_from out/ckpt_100 --steps 200   # 2 ranks' save, 1 process
+
+Under torchrun every rank holds a shard of each parameter and of the optimiser state
+(`fully_shard`) and saves only its shard: `ckpt_<step>/` holds one `__<rank>_0.distcp` per
+rank and `.metadata`, which rank 0 writes last. A checkpoint is written under
+`.tmp-ckpt_<step>` and renamed into place by rank 0 once complete, so a watcher never sees
+half of one. Periodic saves are asynchronous (`dcp.async_save`: the state is staged into host
+memory, then written by a thread while training goes on, on a process group of its own);
+the save on a stop (SIGTERM, agreed by all ranks at a step boundary) and the last one are
+synchronous. `--resume_from` loads a checkpoint written by any number of ranks into this
+run's layout (DCP reshards on load), one plain process included.
+
+`--reference_dir DIR` also writes, at every save and right after a resume, the whole state
+(every shard gathered) as `DIR/full_<step>.pt` from rank 0: what a test compares a
+resharded load with, tensor by tensor.
+"""
+import argparse
+import json
+import os
+import signal
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import fully_shard
+
+stop = False
+
+
+def on_sigterm(signum, frame):
+    global stop
+    stop = True
+
+
+def batch(seed: int, step: int, size: int, rank: int, world: int):
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    x = torch.randn(size, 16, generator=g)
+    y = (x[:, :4].sum(dim=1, keepdim=True) > 0).float()
+    return x[rank::world], y[rank::world]  # each rank its share of the step's global batch
+
+
+def build(seed: int, lr: float, sharded: bool):
+    torch.manual_seed(seed)  # the same initial weights on every rank
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    if sharded:
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=lr)
+
+
+def state_of(model, opt, step: int) -> dict:
+    """The DCP state: sharded tensors stay sharded (each rank saves its own part)."""
+    model_sd, optim_sd = get_state_dict(model, opt)  # creates the optimiser's state before its first step
+    return {"model": model_sd, "optimizer": optim_sd, "step": torch.tensor(step)}
+
+
+def full(value):
+    """A tensor whole (a sharded one gathered from every rank), recursively."""
+    if isinstance(value, dict):
+        return {k: full(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(full(v) for v in value)
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
+
+
+def write_reference(directory: str, step: int, state: dict, rank: int) -> None:
+    whole = full(state)  # a collective: every rank takes part
+    if rank == 0:
+        os.makedirs(directory, exist_ok=True)
+        torch.save(whole, os.path.join(directory, f"full_{step}.pt"))
+
+
+class Saver:
+    """One save in flight at a time; a finished one renamed into place by rank 0."""
+
+    def __init__(self, out: str, rank: int, distributed: bool):
+        self.out, self.rank, self.distributed = out, rank, distributed
+        # Async saves talk between ranks from a background thread: on a group of their own,
+        # never interleaved with the training's collectives on the default group.
+        self.group = dist.new_group(backend="gloo") if distributed else None
+        self.pending = None
+
+    def _publish(self, step: int) -> None:
+        if self.rank == 0:
+            os.replace(os.path.join(self.out, f".tmp-ckpt_{step}"), os.path.join(self.out, f"ckpt_{step}"))
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            future, step = self.pending
+            self.pending = None
+            future.result()
+            self._publish(step)
+
+    def save(self, state: dict, step: int, *, sync: bool) -> None:
+        self.wait()
+        tmp = os.path.join(self.out, f".tmp-ckpt_{step}")
+        if sync or not self.distributed:
+            dcp.save(state, checkpoint_id=tmp, process_group=self.group)
+            self._publish(step)
+        else:
+            self.pending = (dcp.async_save(state, checkpoint_id=tmp, process_group=self.group), step)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--output_dir", required=True)
+    p.add_argument("--resume_from", default="")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--save_every", type=int, default=50)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--reference_dir", default="")
+    args = p.parse_args()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    distributed = "RANK" in os.environ  # under torchrun; else one plain process, no group at all
+    if distributed:
+        dist.init_process_group("gloo")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    torch.set_num_threads(1)
+    model, opt = build(args.seed, args.lr, distributed)
+    start = 0
+    if args.resume_from:
+        state = state_of(model, opt, 0)
+        dcp.load(state, checkpoint_id=args.resume_from)  # into this run's shards, whatever wrote it
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        start = int(state["step"])
+        if args.reference_dir:
+            write_reference(args.reference_dir, start, state_of(model, opt, start), rank)
+    os.makedirs(args.output_dir, exist_ok=True)
+    saver = Saver(args.output_dir, rank, distributed)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    for step in range(start + 1, args.steps + 1):
+        x, y = batch(args.seed, step, args.batch, rank, world)
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        flag = torch.tensor([1 if stop else 0])
+        if distributed:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
+        last = step == args.steps
+        if rank == 0:
+            print(json.dumps({"step": step, "train/loss": round(loss.item(), 6)}), flush=True)
+        if flag.item() or last or step % args.save_every == 0:
+            state = state_of(model, opt, step)
+            if args.reference_dir:
+                write_reference(args.reference_dir, step, state, rank)
+            saver.save(state, step, sync=bool(flag.item()) or last)
+        if flag.item():
+            break
+    saver.wait()
+    if distributed:
+        dist.barrier()  # every save published before any rank exits
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+"""Streaming, parallel checkpoint files (storage/parts.py, storage/fs.py): parts hashed as they
+are written, the manifest last, every part verified on read and named when it is wrong, and a
+writer killed mid-write leaves nothing that looks complete."""
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orbit_dagster.storage import open_store
+from orbit_dagster.storage import parts as P
+from orbit_dagster.storage.base import MANIFEST, CheckpointManifest, StoreError
+from orbit_dagster.storage.fs import FsStore, sweep_temp_dirs
+from tests.helpers import wait_for
+
+PART = 4096
+REPO = Path(__file__).resolve().parents[3]
+
+
+def manifest(step=1) -> CheckpointManifest:
+    return CheckpointManifest(job_id="j", step=step, tier="durable", files={})
+
+
+def reference(data: bytes, part: int = PART) -> dict:
+    return {"bytes": len(data), "parts": [hashlib.sha256(data[i:i + part]).hexdigest() for i in range(0, len(data), part)]}
+
+
+class Recorder:
+    """A sink that keeps every part (and how many ran at once)."""
+
+    def __init__(self, delay=0.0):
+        self.parts, self.single_calls, self.finished, self.aborted = {}, [], None, False
+        self.running = self.most = 0
+        self.lock = threading.Lock()
+        self.delay = delay
+
+    def part(self, index, offset, data, digest):
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(self.delay)
+        assert hashlib.sha256(data).digest() == digest
+        with self.lock:
+            self.parts[index] = (offset, bytes(data))
+            self.running -= 1
+
+    def single(self, data, digest):
+        self.single_calls.append(bytes(data))
+
+    def finish(self, nbytes, count):
+        self.finished = (nbytes, count)
+
+    def abort(self):
+        self.aborted = True
+
+    def joined(self) -> bytes:
+        return b"".join(self.parts[i][1] for i in sorted(self.parts))
+
+
+def stream(sink, in_flight=3):
+    return P.PartStream(sink, part_size=PART, executor=P.shared_pool(), in_flight=in_flight)
+
+
+@given(chunks=st.lists(st.integers(min_value=0, max_value=3 * PART + 7), max_size=12))
+def test_any_pattern_of_writes_gives_the_parts_of_the_whole_file(chunks):
+    data = os.urandom(sum(chunks))
+    sink, pos = Recorder(), 0
+    s = stream(sink)
+    for n in chunks:
+        assert s.write(memoryview(data)[pos:pos + n]) == n
+        pos += n
+        assert s.tell() == pos
+    entry = s.close()
+    assert entry == reference(data)
+    if len(entry["parts"]) <= 1:  # a file of at most one part goes in one call, never a part upload
+        assert sink.parts == {} and sink.single_calls == [data]
+    else:
+        assert sink.joined() == data and sink.finished == (len(data), len(entry["parts"]))
+        assert all(offset == i * PART for i, (offset, _) in sink.parts.items())
+
+
+class FileRecorder:
+    """A sink that writes at offsets (a local file's): the in-place stream, no part buffers."""
+
+    def __init__(self):
+        self.data, self.lock, self.finished = bytearray(), threading.Lock(), None
+
+    def write_at(self, offset, data):
+        with self.lock:
+            if len(self.data) < offset + len(data):
+                self.data.extend(b"\0" * (offset + len(data) - len(self.data)))
+            self.data[offset:offset + len(data)] = data
+
+    def finish(self, nbytes, count):
+        self.finished = (nbytes, count)
+
+    def abort(self):
+        pass
+
+
+@given(chunks=st.lists(st.integers(min_value=0, max_value=3 * PART + 7), max_size=12), big=st.booleans())
+def test_in_place_any_pattern_of_writes_gives_the_parts_of_the_whole_file(chunks, big):
+    data = os.urandom(sum(chunks))
+    sink, pos = FileRecorder(), 0
+    s = P.InPlaceStream(sink, part_size=PART, executor=P.shared_pool(), in_flight=3)
+    s.INLINE = 0 if big else 1 << 30  # every write on the pool, or every write on the caller's thread
+    for n in chunks:
+        assert s.write(memoryview(data)[pos:pos + n]) == n
+        pos += n
+    assert s.close() == reference(data)
+    assert bytes(sink.data) == data and sink.finished == (len(data), len(reference(data)["parts"]))
+
+
+def test_parts_in_flight_are_bounded_and_run_on_several_threads():
+    sink = Recorder(delay=0.02)
+    s = stream(sink, in_flight=2)
+    s.write(os.urandom(20 * PART))  # whole parts straight from the caller's buffer
+    for _ in range(40):
+        s.write(os.urandom(PART // 2))  # small writes through the reused part buffers
+    s.close()
+    assert sink.most == 2 and len(sink.parts) == 40
+
+
+def test_a_failing_part_aborts_the_file_and_the_error_reaches_the_writer(tmp_path):
+    class Failing(Recorder):
+        def part(self, index, offset, data, digest):
+            if index == 3:
+                raise OSError("disk full at part 4")
+            super().part(index, offset, data, digest)
+
+    sink = Failing()
+    s = stream(sink)
+    with pytest.raises(OSError, match="disk full"):
+        with s:
+            for _ in range(10):
+                s.write(os.urandom(PART))
+    assert sink.aborted and sink.finished is None
+
+
+def test_a_failed_write_leaves_no_trace_in_the_store(tmp_path, monkeypatch):
+    import orbit_dagster.storage.fs as F
+
+    store = FsStore((tmp_path / "s").as_uri(), part_size=PART)
+
+    def fail(self, offset, data):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(F._FileSink, "write_at", fail)
+    with pytest.raises(OSError, match="No space"):
+        store.put("j", "step-000000001-a1", {"state.pt": os.urandom(5 * PART)}, manifest())
+    assert list(store.list("j")) == [] and list((tmp_path / "s" / "j").iterdir()) == []
+
+
+def test_a_checkpoint_is_written_streamed_and_read_back_part_by_part(tmp_path):
+    store = FsStore((tmp_path / "s").as_uri(), part_size=PART)
+    data = os.urandom(7 * PART + 123)
+    with store.writer("j", "step-000000001-a1") as w:
+        with w.open("state.pt") as fh:
+            for i in range(0, len(data), 1000):
+                fh.write(data[i:i + 1000])
+        w.add("extra/empty.txt", b"")
+        m = w.commit(CheckpointManifest(job_id="j", step=1, tier="durable", files={}, format="torch"))
+    assert m.files == {"state.pt": reference(data), "extra/empty.txt": {"bytes": 0, "parts": []}}
+    assert store.read_manifest(w.uri).digest == m.digest and store.verify(w.uri).format == "torch"
+    store.fetch(w.uri, tmp_path / "out")
+    assert (tmp_path / "out" / "state.pt").read_bytes() == data and (tmp_path / "out" / "extra" / "empty.txt").exists()
+    got, directory = store.checkout(w.uri, tmp_path / "scratch")
+    assert (directory / "state.pt").read_bytes() == data and not (tmp_path / "scratch").exists()  # no copy
+
+
+def test_a_flipped_byte_in_any_part_is_refused_on_load_naming_the_part(tmp_path):
+    store = FsStore((tmp_path / "s").as_uri(), part_size=PART)
+    data = os.urandom(5 * PART + 100)  # 6 parts, the last short
+    uri = store.put("j", "step-000000001-a1", {"state.pt": data}, manifest())
+    path = tmp_path / "s" / "j" / "step-000000001-a1" / "state.pt"
+    for index in range(6):
+        at = index * PART + (37 if index < 5 else 99)
+        flipped = bytearray(data)
+        flipped[at] ^= 0x01
+        path.write_bytes(bytes(flipped))
+        named = rf"file state.pt part {index + 1} of 6 \(bytes {index * PART}-"
+        for read in (store.verify, lambda u: store.checkout(u, tmp_path / "c"),
+                     lambda u: store.fetch(u, tmp_path / f"out{index}")):
+            with pytest.raises(StoreError, match=named):
+                read(uri)
+        assert not (tmp_path / f"out{index}" / "state.pt").exists()  # a file that failed its check is not left
+    path.write_bytes(data[:-1])
+    with pytest.raises(StoreError, match="has 20579 bytes, its manifest says 20580: truncated"):
+        store.verify(uri)
+    path.write_bytes(data)
+    assert store.verify(uri).step == 1
+
+
+KILLED_WRITER = textwrap.dedent("""
+    import os, sys, time
+    import orbit_dagster.storage.fs as F
+    from orbit_dagster.storage.base import CheckpointManifest
+
+    root, marker = sys.argv[1], sys.argv[2]
+    real = F._FileSink.write_at
+
+    def write_at(self, offset, data):
+        real(self, offset, data)
+        if offset >= 3 << 16:  # parts 1-3 written: tell the test, then wait to be killed mid-file
+            open(marker, "w").close()
+            time.sleep(120)
+
+    F._FileSink.write_at = write_at
+    store = F.FsStore(root, part_size=1 << 16)
+    store.put("j", "step-000000001-a1", {"state.pt": os.urandom(40 << 16)},
+              CheckpointManifest(job_id="j", step=1, tier="durable", files={}))
+""")
+
+
+def test_a_writer_killed_mid_write_is_never_registered_and_leaves_no_complete_part(tmp_path):
+    root, marker = tmp_path / "s", tmp_path / "writing"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(root), str(marker)], env=env)
+    try:
+        wait_for(lambda: marker.exists() or proc.poll() is not None, timeout=60)
+        assert proc.poll() is None, "the writer ended before it was killed"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    store = open_store(root.as_uri())
+    uri = store.uri_for("j", "step-000000001-a1")
+    assert list(store.list("j")) == []
+    with pytest.raises(StoreError, match="incomplete: no manifest"):
+        store.read_manifest(uri)
+    assert not Path(uri[len("file://"):]).exists()
+    (tmp, ) = (root / "j").iterdir()  # what it left: a temp dir, named as one, without a manifest
+    assert tmp.name.startswith(".tmp-step-000000001-a1-") and not list(tmp.rglob(MANIFEST))
+    # The next writer of the job sweeps it once it is old (a live writer's is left alone) and
+    # writes the checkpoint whole.
+    old = time.time() - 7200
+    os.utime(tmp, (old, old))
+    assert store.put("j", "step-000000001-a1", {"state.pt": b"whole"}, manifest()) == uri
+    assert not tmp.exists() and sweep_temp_dirs(root / "j") == 0
+    assert store.verify(uri).total_bytes == 5
+
+
+def test_part_size_is_checked():
+    with pytest.raises(StoreError, match="part_size 12 is not a size in bytes; fix: at least 4096"):
+        FsStore("/tmp/x", part_size=12)
