@@ -83,7 +83,7 @@ def test_a_notice_the_emergency_save_cannot_meet_is_in_the_ledger(monitor):
     lines = [
         {"seq": 1, "ts": 1790000000.0, "type": "notice", "contract": 1, "source": "metadata",
          "deadline": 1790000030.0, "received_at": 1790000000.0},
-        {"seq": 2, "ts": 1790000001.0, "type": "notice", "contract": 1, "source": "metadata",
+        {"seq": 2, "ts": 1790000001.0, "type": "notice", "contract": 2, "source": "metadata",
          "deadline": 1790000030.0, "received_at": 1790000000.0, "step": 40, "plan": "full", "plan_fits": False,
          "plan_reason": "estimated 45.0 s, 29.0 s left: expected to miss the deadline", "estimate_s": 45.0,
          "time_left_s": 29.0},
