@@ -57,7 +57,7 @@ def test_lineage_page_shows_the_filled_partitions(webserver, demo_run, tmp_path)
     url, port = webserver
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page = browser.new_page(viewport={"width": 1920, "height": 1080})
         page.goto(f"{url}/assets/evaluation?view=lineage&lineageDepth=2", wait_until="networkidle")
         page.get_by_text("best_checkpoint", exact=True).first.wait_for(timeout=60_000)
         page.get_by_text("4 partitions").first.wait_for(timeout=30_000)

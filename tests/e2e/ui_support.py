@@ -227,7 +227,7 @@ def chromium_page() -> Iterator[object]:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page = browser.new_page(viewport={"width": 1920, "height": 1080})
             page.set_default_timeout(60 * SECOND)
             yield page
         finally:
