@@ -14,8 +14,10 @@ import math
 import time
 
 from ..core.errors import NoCapacity, OrbitError
+from ..core.execution import MAX_NODES
 from ..core.failures import classify_dispatch_error
 from ..core.lifecycle import JobState
+from ..core.offers import Offer
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
 from ..policy.checkpointing import OrbitInterval, StaticYoungDaly
@@ -97,6 +99,8 @@ def _launch(settings: Settings, ledger: Ledger, job: dict, bundle, provider: Pro
                                 scale=time_scale(provider)) if ranked else ("spot", None)
     if market == "on_demand":  # the deadline cannot afford the spot market's reclaims any more
         ranked = on_demand_offers(ranked) or ranked
+    if template.resources.nodes > 1:
+        ranked = offers_for_group(provider, ranked, template.resources.nodes)
     standby = standby_instance(ledger, provider, job_id, attempt)
     if standby:
         instance, tried = standby, []
@@ -165,6 +169,19 @@ def standby_instance(ledger: Ledger, provider: Provider, job_id: str, attempt: i
         if instance.provider == provider.name and provider.instance_alive(instance):
             return instance
     return None
+
+
+def offers_for_group(provider: Provider, ranked: list[Offer], nodes: int) -> list[Offer]:
+    """The ranked offers on which the provider can rent `nodes` instances of one shape in one
+    zone; none is a config no provider accepts, refused before anything is rented."""
+    able = [o for o in ranked if len(provider.group_offers(o, nodes)) >= nodes]
+    if ranked and not able:
+        largest = max(len(provider.group_offers(o, MAX_NODES)) for o in ranked)
+        raise OrbitError(f"resources.nodes={nodes}: no offer of {provider.name} that fits the job can be rented "
+                         f"{nodes} times in one zone (at most {largest})", field="resources.nodes", value=nodes,
+                         fix=f"set resources.nodes to at most {largest}, or a placement with more instances of one "
+                             "shape in one zone (an SSH inventory: more hosts of one GPU model, count and region)")
+    return able
 
 
 def provision_first(provider: Provider, ranked: list, job_id: str, attempt: int) -> tuple[InstanceHandle, list[dict]]:

@@ -14,6 +14,9 @@ LaunchMode = Literal["host_process", "docker_image"]
 
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 EnvValue = Annotated[str, StringConstraints(max_length=4096)]
+# Instances one job may hold at once. A gang is rented all or none and stops whole on any
+# member's reclaim, so its interval policy's reclaim rate scales with it (policy.checkpointing).
+MAX_NODES = 64
 
 
 class Resources(BaseModel):
@@ -28,14 +31,9 @@ class Resources(BaseModel):
     cpu_threads: StrictInt = Field(1, ge=1, le=1024, description="torch threads, pinned for determinism")
     processes: StrictInt = Field(1, ge=1, le=256, description="processes of a command workload on its instance: "
                                  "more than 1 starts it under torchrun (one rank each)")
-
-    @property
-    def nodes(self) -> int:
-        """Instances the task holds at once (a gang: a reclaim of any one stops it, so the
-        interval policy's prior rate scales with it). One: a template cannot ask for a group
-        until `resources.nodes` exists (issue 21), when this becomes that field. The one
-        place the group size is read: dispatch's interval policy and the launch replay."""
-        return 1
+    nodes: StrictInt = Field(1, ge=1, le=MAX_NODES, description="instances the task holds at once, rented all or "
+                             "none in one zone: more than 1 starts a command workload under torchrun on each, "
+                             "with a c10d rendezvous on node 0's host (docs/multi-node.md)")
 
 
 class ExecutionRequest(BaseModel):

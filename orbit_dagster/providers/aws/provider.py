@@ -25,7 +25,7 @@ from typing import Any
 from ...catalog import as_utc
 from ...catalog.aws import SpotPrice
 from ...core.errors import NetworkError, ProviderError, ResourceNotFound
-from ...core.execution import Resources
+from ...core.execution import MAX_NODES, Resources
 from ...core.host_contract import Checkpoint, Entry
 from ...core.offers import Offer
 from ..base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
@@ -93,6 +93,11 @@ class AwsSpotProvider:
 
     def price_feed(self, since: datetime | None = None, offer_ids: list[str] | None = None) -> list[PriceTick]:
         return self.catalog.price_feed(since, offer_ids)
+
+    def group_offers(self, offer: Offer, count: int) -> list[Offer]:
+        """A zonal offer's instances land in its zone (EC2 says at launch whether it has room); a
+        regional one could land in several zones, so it holds a group of one."""
+        return [offer] * min(count, MAX_NODES if offer.zone else 1)
 
     def find_instances(self, tags: dict[str, str], states: tuple[str, ...] = ("pending", "running")) -> list[dict]:
         return self.api.find_instances(tags, states)

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from ...catalog.gce import gce_offers
 from ...core.errors import NoCapacity, ResourceNotFound
-from ...core.execution import Resources
+from ...core.execution import MAX_NODES, Resources
 from ...core.host_contract import Checkpoint, Entry
 from ...core.offers import Offer
 from ...core.process_tree import HOST_TAG, kill_tagged
@@ -104,6 +104,10 @@ class SimProvider:
         if resources is not None:
             offers = [o for o in offers if offer_fits(o, resources)]
         return offers
+
+    def group_offers(self, offer: Offer, count: int) -> list[Offer]:
+        # The embedded market's zones have room for any group (its traces decide reclaims).
+        return [offer] * min(count, MAX_NODES)
 
     # ---- instances ----------------------------------------------------------------
     def _dir(self, instance_id: str) -> Path:

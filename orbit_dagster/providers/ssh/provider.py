@@ -133,6 +133,15 @@ class SshProvider:
             return [h.offer() for h in hosts]
         return [h.offer(resources.gpu_count) for h in hosts if h.fits(resources)]
 
+    def group_offers(self, offer: Offer, count: int) -> list[Offer]:
+        """A group's nodes are distinct hosts of the offer's host's shape and region, one lease each
+        of the offer's GPU count (the inventory's order after the offer's own host)."""
+        try:
+            hosts = self.inventory.group_of(self.inventory.host(offer.offer_id.split(":", 1)[-1]))
+        except InventoryError:
+            return []
+        return [h.offer(offer.gpu_count) for h in hosts[:count]]
+
     def provision(self, offer: Offer, *, tags: dict[str, str], instance_id: str | None = None) -> InstanceHandle:
         """A lease of the offer's slots; `instance_id` names it (the aws provider uses the EC2 id)."""
         name = offer.offer_id.split(":", 1)[-1]
