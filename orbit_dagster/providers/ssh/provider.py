@@ -29,7 +29,16 @@ from ...core.execution import Resources
 from ...core.host_contract import EVENTS_FILE, READ_MAX, Checkpoint, Entry, read_chunk
 from ...core.offers import Offer
 from ...settings import secrets as forwarded_secrets
-from ..base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
+from ..base import (
+    RENDEZVOUS_PORT,
+    InstanceHandle,
+    InstanceTimes,
+    LaunchSpec,
+    Notice,
+    PriceTick,
+    RunHandle,
+    RunStatus,
+)
 from ..common import agent_argv
 from ..jsonfiles import read_json as _read_json
 from ..jsonfiles import write_json as _write_json
@@ -99,6 +108,7 @@ def run_status(snap: dict) -> RunStatus:
 
 class SshProvider:
     name = "ssh"
+    relaunch = False  # a lease runs one workload: a group's survivors are rented anew
     notice_seconds = 0.0  # a rental box gives no reclaim notice
 
     def __init__(self, inventory_path: Path, *, state_dir: Path, unreachable_grace_s: float = 60.0,
@@ -277,6 +287,11 @@ class SshProvider:
                              fix="provision a new lease for this workload")
         return RunHandle(provider=self.name, instance=instance, run_ref=run_dir, task=spec.task, attempt=spec.attempt,
                          launched_at=_ts(prev.get("launched_at") or time.time()))
+
+    def rendezvous_endpoint(self, instance: InstanceHandle) -> str:
+        """The inventory's address of the host (the one orbit reaches it at; a group's hosts share
+        a region and a network) and torchrun's default c10d port."""
+        return f"{self._host(instance).host}:{RENDEZVOUS_PORT}"
 
     # ---- following a run ----------------------------------------------------------
     def status(self, run: RunHandle) -> RunStatus:
