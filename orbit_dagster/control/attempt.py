@@ -393,7 +393,8 @@ def finish(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHa
             "last_progress": monitor.last_progress}
     if monitor.group is not None and final is JobState.LOST:  # some nodes go on (control/group_recovery.py)
         usd = recover_group(settings, ledger, provider, handle, template=bundle_of(ledger, job_id, attempt).spec.template,
-                            lost_nodes=monitor.group.lost_nodes, reason=status.reason, **bill)
+                            lost_nodes=monitor.group.lost_nodes, ended=monitor.group.exited, reason=status.reason,
+                            **bill)
     else:
         usd = release_group(settings, ledger, provider, handle, run_id=run_id, lost=final is JobState.LOST,
                             reason=f"attempt ended: {final.value}", **bill)

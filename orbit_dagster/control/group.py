@@ -148,6 +148,11 @@ class GroupWatch:
         """Ranks whose node was reclaimed or lost (a notice, or its host gone)."""
         return sorted(rank for rank, status in self.ended.items() if is_reclaim(status))
 
+    @property
+    def exited(self) -> list[int]:
+        """Ranks whose workload exited by itself (none of its processes is left running)."""
+        return sorted(rank for rank, status in self.ended.items() if status.state == "exited")
+
     def status(self) -> RunStatus:
         nodes = members(self.handle)
         running = []

@@ -20,6 +20,7 @@ lost nodes, the group and the reason.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime
 
 from ..core.errors import NoCapacity
@@ -34,15 +35,21 @@ from .group import member_rows
 
 
 def recover_group(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHandle, *,
-                  template: TaskTemplate, job_id: str, attempt: int, lost_nodes: list[int],
+                  template: TaskTemplate, job_id: str, attempt: int, lost_nodes: list[int], ended: list[int],
                   checkpoints: list[tuple[datetime, str]], last_progress: datetime | None, reason: str) -> float:
     """Plan and carry out what follows a group's reclaim (the module's doc); the dollars billed
-    to this attempt's nodes."""
+    to this attempt's nodes. `ended`: the ranks whose workload exited by itself; a survivor
+    whose ranks were still running (blocked in a collective for a peer that vanished) is
+    released with the rest, which ends them, and never kept."""
     run_id, next_run = R.run_id_for(job_id, attempt), R.run_id_for(job_id, attempt + 1)
     members = handle.members
-    plan = plan_group_recovery(nodes=template.resources.nodes, size=len(members), lost=lost_nodes,
+    stuck = [r for r in range(len(members)) if r not in lost_nodes and r not in ended]
+    plan = plan_group_recovery(nodes=template.resources.nodes, size=len(members), lost=sorted([*lost_nodes, *stuck]),
                                min_nodes=template.elastic.min_nodes if template.elastic else None,
                                can_keep=bool(getattr(provider, "relaunch", False)))
+    if stuck:
+        plan = replace(plan, reason=f"nodes {stuck} were still running when the group ended (they are released); "
+                                    + plan.reason, inputs={**plan.inputs, "lost": sorted(lost_nodes), "stuck": stuck})
     decision_id = f"group_recovery:{run_id}"
     with ledger.write() as tx:  # the claim: one process carries the plan out
         claimed = tx.insert("decisions", [{"decision_id": decision_id, "job_id": job_id, "attempt": attempt,
