@@ -114,7 +114,7 @@ def lose_node_1(settings, capsys, job: str):
     wait_for(lambda: (R.run(ledger, R.run_id_for(job, 1)) or {}).get("state") == "RUNNING", timeout=120,
              what="attempt 1 running")
     armed = cli(capsys, "sim", "reclaim", job, "--node", "1", "--at-step", str(RECLAIM_AT), "--notice-seconds", "20")
-    assert f"on node 1 of 2" in armed and f"when it reports step {RECLAIM_AT}" in armed
+    assert "on node 1 of 2" in armed and f"when it reports step {RECLAIM_AT}" in armed
     first = bg.join()
     assert (first.state, first.failure_class) == ("LOST", "reclaim") and first.reason.startswith("node 1: ")
     return first
