@@ -41,7 +41,7 @@ from . import handoff
 from .billing import attempt_checkpoints
 from .context import NullReporter, Reporter, bundle_and_provider, bundle_of, eval_suite_for, store_for
 from .dispatch import dispatch
-from .group import GroupWatch, instances_of, release_group
+from .group import GroupWatch, collect_nodes, instances_of, release_group, where
 from .group_recovery import recover_group, release_planned
 from .recovery import after_failure, recover_lost
 
@@ -152,13 +152,7 @@ class AttemptMonitor:
                 "inputs": R.dumps({"decided_on": "host", "reason": ev.reason, **inputs}), "ts": _when(ev)}
 
     def _where(self, node: int, name: str, at: int) -> dict:
-        """Which instance wrote a line and the id its ledger event gets: named by its place, so a
-        re-read records it once (a re-attach reads a group's other nodes from their start)."""
-        instance = self.handle.members[node].instance.instance_id
-        if not self.handle.nodes:
-            return {"instance_id": instance}
-        return {"instance_id": instance, "node": node, "group": self.run_id,
-                "event_id": f"{name}:{self.run_id}:n{node}:{at}"}
+        return where(self.handle, self.run_id, node, name, at)
 
     def _on_event(self, ev: Entry, ckpt_rows: list[dict], notes: list[dict], node: int = 0) -> None:
         if isinstance(ev, Rejected):  # not a line of the contract: its kind, version or field named
@@ -383,18 +377,12 @@ def finish(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHa
     migrated = bool(ledger.scalar("SELECT count(*) FROM events WHERE run_id = ? AND kind = 'migration_started'",
                                   [run_id]))
     final, failure_class = outcome_of(status, migrated=migrated)
-    dest = settings.artifacts_dir / job_id / f"attempt-{attempt}"
-    for node, member in enumerate(handle.members):  # a group's other nodes' beside node 0's
-        try:
-            provider.collect(member, dest / f"node-{node}" if node else dest)
-        except (OSError, ProviderError) as exc:
-            reporter.log(f"could not collect artifacts{f' of node {node}' if node else ''}: {exc}")
+    collect_nodes(provider, handle, settings.artifacts_dir / job_id / f"attempt-{attempt}", reporter.log)
     bill = {"job_id": job_id, "attempt": attempt, "checkpoints": attempt_checkpoints(ledger, run_id),
             "last_progress": monitor.last_progress}
     if monitor.group is not None and final is JobState.LOST:  # some nodes go on (control/group_recovery.py)
         usd = recover_group(settings, ledger, provider, handle, template=bundle_of(ledger, job_id, attempt).spec.template,
-                            lost_nodes=monitor.group.lost_nodes, ended=monitor.group.exited, reason=status.reason,
-                            **bill)
+                            watch=monitor.group, reason=status.reason, **bill)
     else:
         usd = release_group(settings, ledger, provider, handle, run_id=run_id, lost=final is JobState.LOST,
                             reason=f"attempt ended: {final.value}", **bill)

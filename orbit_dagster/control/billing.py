@@ -61,7 +61,8 @@ def release(settings: Settings, ledger: Ledger, provider: Provider, instance: In
         # then (`carry_over`): the lines go on from there, the bill covers the whole instance.
         billed_until = tx.scalar("SELECT max(end_at) FROM costs WHERE instance_id = ?", [instance.instance_id])
         start = max(as_datetime(billed_until), times.started_at) if billed_until is not None else times.started_at
-        lines = attribute_instance(start=start, stop=max(stop, start), usd_per_second=instance.offer.usd_per_second,
+        lines = attribute_instance(start=start, stop=stop if billed_until is None else max(stop, start),
+                                   usd_per_second=instance.offer.usd_per_second,
                                    checkpoints=checkpoints, lost=lost, purpose=purpose, eval_checkpoint=eval_checkpoint,
                                    last_progress=as_datetime(last_progress))
         billed = max((stop - times.started_at).total_seconds(), 0.0) * instance.offer.usd_per_second

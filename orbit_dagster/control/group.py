@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..core.errors import NoCapacity
+from ..core.errors import NoCapacity, ProviderError
 from ..core.offers import Offer
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
@@ -197,3 +197,22 @@ def combine(ended: dict[int, RunStatus], size: int, *, stopped: list[int] = (), 
 def release_group(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHandle, **bill) -> float:
     """Stop and bill every node's instance (node 0 first); the dollars."""
     return sum(release(settings, ledger, provider, instance, **bill) for instance in instances_of(handle))
+
+
+def where(handle: RunHandle, run_id: str, node: int, name: str, at: int) -> dict:
+    """Which instance wrote a line of an attempt's events and, in a group, its node and the id
+    its ledger event gets: named by its place, so a re-read records it once (a re-attach reads a
+    group's other nodes from their start)."""
+    instance = handle.members[node].instance.instance_id
+    if not handle.nodes:
+        return {"instance_id": instance}
+    return {"instance_id": instance, "node": node, "group": run_id, "event_id": f"{name}:{run_id}:n{node}:{at}"}
+
+
+def collect_nodes(provider: Provider, handle: RunHandle, dest, log: Callable[[str], None]) -> None:
+    """Every node's artifacts: node 0's in `dest`, node K's in `dest/node-K`."""
+    for node, member in enumerate(handle.members):
+        try:
+            provider.collect(member, dest / f"node-{node}" if node else dest)
+        except (OSError, ProviderError) as exc:
+            log(f"could not collect artifacts{f' of node {node}' if node else ''}: {exc}")

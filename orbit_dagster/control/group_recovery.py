@@ -31,19 +31,19 @@ from ..policy.group_recovery import GroupPlan, plan_group_recovery
 from ..providers.base import InstanceHandle, Provider, RunHandle
 from ..settings import Settings
 from .billing import carry_over, instance_row, release
-from .group import member_rows
+from .group import GroupWatch, member_rows
 
 
 def recover_group(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHandle, *,
-                  template: TaskTemplate, job_id: str, attempt: int, lost_nodes: list[int], ended: list[int],
+                  template: TaskTemplate, job_id: str, attempt: int, watch: GroupWatch,
                   checkpoints: list[tuple[datetime, str]], last_progress: datetime | None, reason: str) -> float:
     """Plan and carry out what follows a group's reclaim (the module's doc); the dollars billed
-    to this attempt's nodes. `ended`: the ranks whose workload exited by itself; a survivor
-    whose ranks were still running (blocked in a collective for a peer that vanished) is
-    released with the rest, which ends them, and never kept."""
+    to this attempt's nodes. A survivor whose ranks were still running when the group ended
+    (`watch`: blocked in a collective for a peer that vanished) is released with the rest,
+    which ends them, and never kept."""
     run_id, next_run = R.run_id_for(job_id, attempt), R.run_id_for(job_id, attempt + 1)
-    members = handle.members
-    stuck = [r for r in range(len(members)) if r not in lost_nodes and r not in ended]
+    members, lost_nodes = handle.members, watch.lost_nodes
+    stuck = [r for r in range(len(members)) if r not in lost_nodes and r not in watch.exited]
     plan = plan_group_recovery(nodes=template.resources.nodes, size=len(members), lost=sorted([*lost_nodes, *stuck]),
                                min_nodes=template.elastic.min_nodes if template.elastic else None,
                                can_keep=bool(getattr(provider, "relaunch", False)))

@@ -36,6 +36,18 @@ class Resources(BaseModel):
                              "with a c10d rendezvous on node 0's host (docs/multi-node.md)")
 
 
+class Elastic(BaseModel):
+    """How many nodes a multi-node job may run on after one of its nodes is reclaimed: it goes on
+    with the survivors while they are at least `min_nodes` (its checkpoint resharded onto the new
+    world size, the global batch kept), else a replacement is rented; never more than `max_nodes`
+    (docs/multi-node.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    min_nodes: StrictInt = Field(ge=1, le=MAX_NODES)
+    max_nodes: StrictInt = Field(ge=1, le=MAX_NODES)
+
+
 class ExecutionRequest(BaseModel):
     """Placement x launch mode x resources x env, frozen into the bundle."""
 

@@ -39,7 +39,7 @@ from .bounded import read_text_bounded
 from .command_template import check_placeholders, has_config_schema, plain_config
 from .config_schema import FiniteFloat, config_schema, readable, reason, refused, show, validate_config
 from .errors import OrbitError, TemplateError
-from .execution import MAX_NODES, EnvName, EnvValue, LaunchMode, Placement, Resources
+from .execution import Elastic, EnvName, EnvValue, LaunchMode, Placement, Resources
 from .hashing import canonical_json
 
 TaskKind = Literal["train", "eval", "collect", "custom"]
@@ -142,18 +142,6 @@ class OOMRetry(BaseModel):
 
     halve: FieldPath | None = Field(None, description="config key halved on OOM, e.g. config.micro_batch")
     double: FieldPath | None = Field(None, description="config key doubled on OOM, e.g. config.grad_accum")
-
-
-class Elastic(BaseModel):
-    """How many nodes a multi-node job may run on after one of its nodes is reclaimed: it goes on
-    with the survivors while they are at least `min_nodes` (its checkpoint resharded onto the new
-    world size, the global batch kept), else a replacement is rented; never more than `max_nodes`
-    (docs/multi-node.md)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    min_nodes: StrictInt = Field(ge=1, le=MAX_NODES)
-    max_nodes: StrictInt = Field(ge=1, le=MAX_NODES)
 
 
 class TaskTemplate(BaseModel):

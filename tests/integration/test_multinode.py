@@ -38,7 +38,7 @@ from orbit_dagster.providers.base import RunHandle
 from orbit_dagster.providers.sim.provider import SimProvider, pid_alive
 from orbit_dagster.settings import Settings
 from orbit_dagster.storage import open_store
-from tests.helpers import Background, wait_for
+from tests.helpers import Background, run_cli, wait_for
 from tests.integration.test_reshard import same_tensors
 
 SCRIPT = Path(shipped.__file__).parent / "fsdpscript" / "train.py"
@@ -113,6 +113,8 @@ def lose_node_1(settings, capsys, job: str):
     bg = Background(lambda: run_attempt(settings, job))
     wait_for(lambda: (R.run(ledger, R.run_id_for(job, 1)) or {}).get("state") == "RUNNING", timeout=120,
              what="attempt 1 running")
+    code, _, err = run_cli(["sim", "reclaim", job, "--node", "2"])
+    assert code == 2 and "--node 2" in err and "runs on 2 node(s)" in err and "from 0 to 1" in err  # nothing armed
     armed = cli(capsys, "sim", "reclaim", job, "--node", "1", "--at-step", str(RECLAIM_AT), "--notice-seconds", "20")
     assert "on node 1 of 2" in armed and f"when it reports step {RECLAIM_AT}" in armed
     first = bg.join()

@@ -28,16 +28,7 @@ from ...core.errors import NetworkError, ProviderError, ResourceNotFound
 from ...core.execution import MAX_NODES, Resources
 from ...core.host_contract import Checkpoint, Entry
 from ...core.offers import Offer
-from ..base import (
-    RENDEZVOUS_PORT,
-    InstanceHandle,
-    InstanceTimes,
-    LaunchSpec,
-    Notice,
-    PriceTick,
-    RunHandle,
-    RunStatus,
-)
+from ..base import RENDEZVOUS_PORT, InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
 from ..jsonfiles import read_json, write_json
 from .bootstrap import Bootstrap, new_ed25519, opens_to_everyone, user_data
 from .ec2 import Ec2Api

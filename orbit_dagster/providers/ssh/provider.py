@@ -29,16 +29,7 @@ from ...core.execution import Resources
 from ...core.host_contract import EVENTS_FILE, READ_MAX, Checkpoint, Entry, read_chunk
 from ...core.offers import Offer
 from ...settings import secrets as forwarded_secrets
-from ..base import (
-    RENDEZVOUS_PORT,
-    InstanceHandle,
-    InstanceTimes,
-    LaunchSpec,
-    Notice,
-    PriceTick,
-    RunHandle,
-    RunStatus,
-)
+from ..base import RENDEZVOUS_PORT, InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
 from ..common import agent_argv
 from ..jsonfiles import read_json as _read_json
 from ..jsonfiles import write_json as _write_json
