@@ -101,7 +101,8 @@ def _launch(settings: Settings, ledger: Ledger, job: dict, bundle, provider: Pro
     if market == "on_demand":  # the deadline cannot afford the spot market's reclaims any more
         ranked = on_demand_offers(ranked) or ranked
     run_id = R.run_id_for(job_id, attempt)
-    planned = planned_group(settings, ledger, provider, job_id, attempt)  # kept from the last attempt's group
+    # A group's nodes kept (or rented ahead) by the last attempt's recovery: control/group_recovery.py
+    planned = planned_group(settings, ledger, provider, job_id, attempt) if template.resources.nodes > 1 else None
     standby = None if planned or template.resources.nodes > 1 else standby_instance(ledger, provider, job_id, attempt)
     if planned:
         group, tried = planned, []
