@@ -6,6 +6,9 @@ re-attaches. DISPATCHING has an owner (the winning run) and a deadline; whatever
 after the move ends the attempt there and then: the instance, if one was provisioned, is
 released and billed, and the job is LOST (retryable: the next attempt tries again) or
 FAILED with its failure class and the reason, never left DISPATCHING.
+
+A job on several instances (`resources.nodes`) rents its group all or none and launches every
+node (control/group.py), or launches on the nodes its last attempt's recovery kept for it.
 """
 from __future__ import annotations
 
