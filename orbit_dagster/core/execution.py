@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
 
-from .config_schema import FiniteFloat
+from .config_schema import FiniteFloat, refused
 
 # Each placement is served by a provider (control/providers.py REGISTRY, keyed
 # f"{placement}_{launch_mode}"); a name no provider serves is not a choice.
@@ -46,6 +46,26 @@ class Elastic(BaseModel):
 
     min_nodes: StrictInt = Field(ge=1, le=MAX_NODES)
     max_nodes: StrictInt = Field(ge=1, le=MAX_NODES)
+
+
+def check_group(resources: Resources, *, command: object, kind: object) -> None:
+    """A template's group of nodes (its validator's): a command workload that trains."""
+    if resources.nodes > 1 and command is None:
+        raise refused(f"asks for {resources.nodes} nodes: a group of instances runs a command workload under "
+                      "torchrun (`command:`), an SDK entrypoint one process", field="resources.nodes",
+                      value=resources.nodes, fix="set resources.nodes: 1, or give the template a `command:`")
+    if resources.nodes > 1 and kind != "train":
+        raise refused(f"asks for {resources.nodes} nodes for a {kind} task: a group of instances trains",
+                      field="resources.nodes", value=resources.nodes, fix="set resources.nodes: 1, or kind: train")
+
+
+def check_elastic(elastic: Elastic | None, nodes: int) -> None:
+    """`min_nodes <= resources.nodes <= max_nodes` (the template's validator's)."""
+    if elastic is not None and not elastic.min_nodes <= nodes <= elastic.max_nodes:
+        raise refused(f"needs min_nodes <= resources.nodes <= max_nodes, and {elastic.min_nodes} <= {nodes} <= "
+                      f"{elastic.max_nodes} does not hold", field="elastic", value=elastic.model_dump(),
+                      fix=f"set elastic.min_nodes to at most {nodes} and elastic.max_nodes to at least {nodes} "
+                          "(or change resources.nodes)")
 
 
 class ExecutionRequest(BaseModel):

@@ -37,9 +37,9 @@ from pydantic import (
 from . import safe_yaml
 from .bounded import read_text_bounded
 from .command_template import check_placeholders, has_config_schema, plain_config
-from .config_schema import FiniteFloat, config_schema, readable, reason, refused, show, validate_config
+from .config_schema import FiniteFloat, config_schema, readable, reason, show, validate_config
 from .errors import OrbitError, TemplateError
-from .execution import Elastic, EnvName, EnvValue, LaunchMode, Placement, Resources
+from .execution import Elastic, EnvName, EnvValue, LaunchMode, Placement, Resources, check_elastic, check_group
 from .hashing import canonical_json
 
 TaskKind = Literal["train", "eval", "collect", "custom"]
@@ -206,26 +206,14 @@ class TaskTemplate(BaseModel):
         if resources.processes > 1 and info.data.get("command") is None:
             raise ValueError(f"asks for {resources.processes} processes: several processes are started by torchrun "
                              "for a command workload (`command:`); an SDK entrypoint runs one (processes: 1)")
-        if resources.nodes > 1 and info.data.get("command") is None:
-            raise refused(f"asks for {resources.nodes} nodes: a group of instances runs a command workload under "
-                          "torchrun (`command:`), an SDK entrypoint one process", field="resources.nodes",
-                          value=resources.nodes, fix="set resources.nodes: 1, or give the template a `command:`")
-        if resources.nodes > 1 and info.data.get("kind") != "train":
-            raise refused(f"asks for {resources.nodes} nodes for a {info.data.get('kind')} task: a group of "
-                          "instances trains", field="resources.nodes", value=resources.nodes,
-                          fix="set resources.nodes: 1, or kind: train")
+        check_group(resources, command=info.data.get("command"), kind=info.data.get("kind"))
         return resources
 
     @field_validator("elastic")
     @classmethod
     def _elastic_holds_the_node_count(cls, elastic: Elastic | None, info: ValidationInfo) -> Elastic | None:
         resources = info.data.get("resources")
-        nodes = resources.nodes if resources is not None else 1
-        if elastic is not None and not elastic.min_nodes <= nodes <= elastic.max_nodes:
-            raise refused(f"needs min_nodes <= resources.nodes <= max_nodes, and {elastic.min_nodes} <= {nodes} <= "
-                          f"{elastic.max_nodes} does not hold", field="elastic", value=elastic.model_dump(),
-                          fix=f"set elastic.min_nodes to at most {nodes} and elastic.max_nodes to at least {nodes} "
-                              "(or change resources.nodes)")
+        check_elastic(elastic, resources.nodes if resources is not None else 1)
         return elastic
 
     @field_validator("eval")
