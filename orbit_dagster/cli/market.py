@@ -78,13 +78,16 @@ def sim() -> None:
 @click.argument("job")
 @click.option("--at-step", type=int, default=None, help="once the workload reports this training step (default: now)")
 @click.option("--notice-seconds", type=float, default=None, help="notice before the reclaim (default: the market's)")
-def sim_reclaim(job: str, at_step: int | None, notice_seconds: float | None) -> None:
+@click.option("--node", type=int, default=None,
+              help="which node of a job that spans several instances (default: node 0; docs/multi-node.md)")
+def sim_reclaim(job: str, at_step: int | None, notice_seconds: float | None, node: int | None) -> None:
     """Reclaim the instance running JOB: the notice, then the instance gone, as a spot market does."""
     from ..control.forced_reclaim import force_reclaim
     from ..core.submission import check_job_id
 
     check_job_id(job)
-    armed = force_reclaim(load_settings(), job, at_step=at_step, notice_seconds=notice_seconds)
+    armed = force_reclaim(load_settings(), job, at_step=at_step, notice_seconds=notice_seconds, node=node)
     when = f"when it reports step {at_step}" if at_step is not None else "now"
-    click.echo(f"{job}: attempt {armed['attempt']} on {armed['instance']} is reclaimed {when} "
+    where = f"node {armed['node']} of {armed['nodes']} ({armed['instance']})" if armed["nodes"] > 1 else armed["instance"]
+    click.echo(f"{job}: attempt {armed['attempt']} on {where} is reclaimed {when} "
                f"(notice {armed['notice_seconds']:g} s before); `orbit logs {job}` shows how it ends")

@@ -77,24 +77,27 @@ def metric_set(name: str, mode: str, experiment: str | None, project: str | None
 
 
 @click.command()
-@click.option("--by", type=click.Choice(["job", "experiment", "checkpoint", "provider"]), default="job",
+@click.option("--by", type=click.Choice(["job", "experiment", "checkpoint", "provider", "node"]), default="job",
               show_default=True, help="provider: per provider, offer and GPU model, with $ per effective "
-                                      "TFLOP-hour, interruptions per hour and recovery overhead")
+                                      "TFLOP-hour, interruptions per hour and recovery overhead; node: each "
+                                      "training instance (a group's node) per attempt, its seconds and waste")
 @click.option("--experiment", default=None, help="only this experiment's jobs")
 @click.option("--job", "job_id", default=None, help="only this job")
 @click.option("--json", "as_json", is_flag=True)
 def cost(by: str, experiment: str | None, job_id: str | None, as_json: bool) -> None:
     """Cost attributed per job, experiment or checkpoint; waste and overhead are their own lines; the
     lines sum to the bill (instances still running are billed when they stop). `--by provider`:
-    what each offer's dollars bought in effective compute (docs/cost.md)."""
+    what each offer's dollars bought in effective compute (docs/cost.md). `--by node`: the
+    training instances only, each node of a group on its own line (docs/multi-node.md)."""
     from ..ledger import queries as Q
 
     ledger = load_settings().ledger()
     df = Q.cost_table(ledger, by, experiment=experiment, job=job_id)
     print_df(df if as_json or by != "provider" else df.round(6), as_json)
     if not as_json:
-        running = Q.running_instances(ledger, experiment=experiment, job=job_id)
-        billed = Q.billed_usd(ledger, experiment=experiment, job=job_id)
+        purpose = "train" if by == "node" else None
+        running = Q.running_instances(ledger, experiment=experiment, job=job_id, purpose=purpose)
+        billed = Q.billed_usd(ledger, experiment=experiment, job=job_id, purpose=purpose)
         click.echo(f"total ${float(df['usd'].sum()) if len(df) else 0.0:.6f} = billed ${billed:.6f}"
                    + (f"; {running} instance(s) still running, billed when they stop" if running else ""))
 

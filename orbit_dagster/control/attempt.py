@@ -38,9 +38,11 @@ from ..providers.base import Provider, RunHandle, RunStatus
 from ..settings import Settings
 from . import checkpoints as C
 from . import handoff
-from .billing import attempt_checkpoints, release
-from .context import NullReporter, Reporter, bundle_and_provider, eval_suite_for, store_for
+from .billing import attempt_checkpoints
+from .context import NullReporter, Reporter, bundle_and_provider, bundle_of, eval_suite_for, store_for
 from .dispatch import dispatch
+from .group import GroupWatch, collect_nodes, instances_of, release_group, where
+from .group_recovery import recover_group, release_planned
 from .recovery import after_failure, recover_lost
 
 FINAL_RUN_STATES = {"SUCCEEDED", "FAILED", "LOST", "CANCELLED"}
@@ -89,6 +91,9 @@ class AttemptMonitor:
         self.last_step: int | None = None
         self.last_progress: datetime | None = None
         self.exit_event: Exit | None = None
+        # A group (control/group.py): every node's event stream is read, its status is the group's.
+        self.group = GroupWatch(provider, handle) if handle.nodes else None
+        self.node_offsets: dict[int, int] = {}
 
     def _checkpoint(self, ev: Checkpoint, notes: list[dict]) -> dict | None:
         """The ledger row of a checkpoint event, once its files are here and verified."""
@@ -110,8 +115,9 @@ class AttemptMonitor:
         return C.row_from_event(ev, job_id=self.job_id, run_id=self.run_id, lineage=self.lineage,
                                 experiment=self.experiment)
 
-    def _on_events(self, events: list[Entry]) -> None:
-        """Act on the host contract's records (read_events); a refused line is recorded, skipped."""
+    def _on_events(self, events: list[Entry], node: int = 0) -> None:
+        """Act on the host contract's records (read_events) of node `node` (0 but in a group); a
+        refused line is recorded, skipped."""
         ckpt_rows: list[dict] = []
         notes: list[dict] = []
         decisions: list[dict] = []
@@ -120,7 +126,7 @@ class AttemptMonitor:
                 if isinstance(ev, Interval):
                     decisions.append(self._interval_decision(ev))
                     continue
-                self._on_event(ev, ckpt_rows, notes)
+                self._on_event(ev, ckpt_rows, notes, node)
             except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
                 # A record the contract accepts that still cannot be acted on (a checkpoint uri no
                 # store opens, say): recorded and skipped, like a refused line. A host (or its
@@ -145,12 +151,16 @@ class AttemptMonitor:
                 "runner_up": None if ev.policy_steps is None else str(ev.policy_steps),
                 "inputs": R.dumps({"decided_on": "host", "reason": ev.reason, **inputs}), "ts": _when(ev)}
 
-    def _on_event(self, ev: Entry, ckpt_rows: list[dict], notes: list[dict]) -> None:
+    def _where(self, node: int, name: str, at: int) -> dict:
+        return where(self.handle, self.run_id, node, name, at)
+
+    def _on_event(self, ev: Entry, ckpt_rows: list[dict], notes: list[dict], node: int = 0) -> None:
         if isinstance(ev, Rejected):  # not a line of the contract: its kind, version or field named
             # Named by its place in the file: a re-read (a re-attach reads from the start) records it once.
             notes.append(R.event("event_rejected", job_id=self.job_id, run_id=self.run_id, reason=ev.reason[:500],
                                  line=ev.line[:500], offset=ev.offset, host_kind=ev.kind,
-                                 event_id=f"event_rejected:{self.run_id}:{ev.offset}"))
+                                 **(self._where(node, "event_rejected", ev.offset) if self.handle.nodes
+                                    else {"event_id": f"event_rejected:{self.run_id}:{ev.offset}"})))
         elif isinstance(ev, Checkpoint):
             row = self._checkpoint(ev, notes)
             if row is not None:
@@ -168,13 +178,13 @@ class AttemptMonitor:
         elif isinstance(ev, Notice) and ev.plan is not None:
             # The agent's emergency plan, announced before its write (runtime/emergency.py): its
             # own event, once per line (a re-attach reads from the start), next to the notice.
-            notes.append(R.event("emergency_plan", job_id=self.job_id, run_id=self.run_id,
-                                 instance_id=self.handle.instance.instance_id, ts=ev.ts, **fields_of(ev),
-                                 event_id=f"emergency_plan:{self.run_id}:{ev.seq}"))
+            notes.append(R.event("emergency_plan", job_id=self.job_id, run_id=self.run_id, ts=ev.ts, **fields_of(ev),
+                                 **{"event_id": f"emergency_plan:{self.run_id}:{ev.seq}",
+                                    **self._where(node, "emergency_plan", ev.seq)}))
         elif isinstance(ev, NOTED):
             detail = {"ts": ev.ts, **fields_of(ev)}
             notes.append(R.event(f"host_{ev.KIND}", job_id=self.job_id, run_id=self.run_id,
-                                 instance_id=self.handle.instance.instance_id, **detail))
+                                 **self._where(node, f"host_{ev.KIND}", ev.seq), **detail))
 
     def _progress(self, step: int, ev: HostEvent) -> None:
         if self.last_step is None or step >= self.last_step:
@@ -218,6 +228,13 @@ class AttemptMonitor:
         events, self.offset = self.provider.read_events(self.handle, self.offset)
         if events:
             self._on_events(events)
+        for node, member in enumerate(self.handle.nodes, 1):  # a group's other nodes (metrics, notices)
+            events, self.node_offsets[node] = self.provider.read_events(member, self.node_offsets.get(node, 0))
+            if events:
+                self._on_events(events, node)
+
+    def status(self) -> RunStatus:
+        return self.group.status() if self.group is not None else self.provider.status(self.handle)
 
     def cancelled(self) -> bool:
         row = R.job(self.ledger, self.job_id)
@@ -242,7 +259,7 @@ class AttemptMonitor:
             # of reach for longer than its grace period, so an unreachable host ends the
             # attempt instead of keeping this run waiting for good.
             self._reachable(self.pump)
-            status = self._reachable(self.provider.status, self.handle)
+            status = self._reachable(self.status)
             if status is None:
                 time.sleep(max(poll_s, 1.0))
                 continue
@@ -251,7 +268,8 @@ class AttemptMonitor:
                 last_flush = time.time()
                 if status.state not in ("exited", "lost") and self.cancelled():
                     # `orbit cancel` (or the UI): stop the workload; the bill stops with it.
-                    self.provider.terminate(self.handle.instance, "job cancelled")
+                    for instance in instances_of(self.handle):
+                        self.provider.terminate(instance, "job cancelled")
                     self._reachable(self.pump)
                     self.flush_metrics()
                     return RunStatus(state="exited", exit_code=None, failure_class="cancelled",
@@ -359,14 +377,15 @@ def finish(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHa
     migrated = bool(ledger.scalar("SELECT count(*) FROM events WHERE run_id = ? AND kind = 'migration_started'",
                                   [run_id]))
     final, failure_class = outcome_of(status, migrated=migrated)
-    dest = settings.artifacts_dir / job_id / f"attempt-{attempt}"
-    try:
-        provider.collect(handle, dest)
-    except (OSError, ProviderError) as exc:
-        reporter.log(f"could not collect artifacts: {exc}")
-    usd = release(settings, ledger, provider, handle.instance, job_id=job_id, run_id=run_id, attempt=attempt,
-                  checkpoints=attempt_checkpoints(ledger, run_id), lost=final is JobState.LOST,
-                  last_progress=monitor.last_progress, reason=f"attempt ended: {final.value}")
+    collect_nodes(provider, handle, settings.artifacts_dir / job_id / f"attempt-{attempt}", reporter.log)
+    bill = {"job_id": job_id, "attempt": attempt, "checkpoints": attempt_checkpoints(ledger, run_id),
+            "last_progress": monitor.last_progress}
+    if monitor.group is not None and final is JobState.LOST:  # some nodes go on (control/group_recovery.py)
+        usd = recover_group(settings, ledger, provider, handle, template=bundle_of(ledger, job_id, attempt).spec.template,
+                            watch=monitor.group, reason=status.reason, **bill)
+    else:
+        usd = release_group(settings, ledger, provider, handle, run_id=run_id, lost=final is JobState.LOST,
+                            reason=f"attempt ended: {final.value}", **bill)
     reason = "migrated to a safer offer" if failure_class == "migration" else status.reason
     moved = R.transition(ledger, job_id, final, attempt=attempt, reason=reason, failure_class=failure_class,
                          detail={"exit_code": status.exit_code, "last_step": monitor.last_step},
@@ -386,7 +405,8 @@ def finish(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHa
     # Decide the next attempt now rather than at the interruption sensor's next tick; the
     # sensor makes the same idempotent decision if this process dies first.
     if outcome.state == JobState.LOST.value:
-        recover_lost(settings, job_id)
+        if recover_lost(settings, job_id)["action"] == "failed":  # no next attempt for a group's kept nodes
+            release_planned(settings, ledger, provider, job_id, attempt + 1)
     else:
         after_failure(settings, outcome)
     return outcome

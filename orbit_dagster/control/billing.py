@@ -57,7 +57,12 @@ def release(settings: Settings, ledger: Ledger, provider: Provider, instance: In
             tx.insert("instances", [instance_row(instance, purpose, job_id, run_id, eval_checkpoint, suite=suite)])
         elif row["stopped_at"] is not None:
             return float(row["billed_usd"] or 0.0)
-        lines = attribute_instance(start=times.started_at, stop=stop, usd_per_second=instance.offer.usd_per_second,
+        # A node kept from an earlier attempt's group had that attempt's seconds billed to it
+        # then (`carry_over`): the lines go on from there, the bill covers the whole instance.
+        billed_until = tx.scalar("SELECT max(end_at) FROM costs WHERE instance_id = ?", [instance.instance_id])
+        start = max(as_datetime(billed_until), times.started_at) if billed_until is not None else times.started_at
+        lines = attribute_instance(start=start, stop=stop if billed_until is None else max(stop, start),
+                                   usd_per_second=instance.offer.usd_per_second,
                                    checkpoints=checkpoints, lost=lost, purpose=purpose, eval_checkpoint=eval_checkpoint,
                                    last_progress=as_datetime(last_progress))
         billed = max((stop - times.started_at).total_seconds(), 0.0) * instance.offer.usd_per_second
@@ -73,6 +78,33 @@ def release(settings: Settings, ledger: Ledger, provider: Provider, instance: In
     return billed
 
 
+def carry_over(ledger: Ledger, instance: InstanceHandle, *, job_id: str, run_id: str, attempt: int, next_run: str,
+               checkpoints: list[tuple[datetime, str]], lost: bool, last_progress: datetime | float | None) -> float:
+    """A node of a group that goes on into the next attempt (kept after another node's reclaim):
+    its seconds up to now are billed to this attempt, as a release would bill them (its
+    checkpoints, the work lost after the last one), and it becomes the next attempt's instance.
+    Once: a node already carried changes nothing. The dollars of this attempt's part."""
+    now = utcnow()
+    with ledger.write() as tx:
+        row = tx.one("SELECT stopped_at, run_id, started_at FROM instances WHERE instance_id = ?" + tx.for_update,
+                     [instance.instance_id])
+        if row is None or row["stopped_at"] is not None or row["run_id"] != run_id:
+            return 0.0
+        billed_until = tx.scalar("SELECT max(end_at) FROM costs WHERE instance_id = ?", [instance.instance_id])
+        start = as_datetime(billed_until if billed_until is not None else row["started_at"])
+        lines = attribute_instance(start=start, stop=max(now, start), usd_per_second=instance.offer.usd_per_second,
+                                   checkpoints=checkpoints, lost=lost, last_progress=as_datetime(last_progress))
+        tx.execute("UPDATE instances SET run_id = ? WHERE instance_id = ?", [next_run, instance.instance_id])
+        tx.insert("costs", [{
+            "cost_id": f"{instance.instance_id}:a{attempt}:{i}", "instance_id": instance.instance_id, "job_id": job_id,
+            "run_id": run_id, "attempt": attempt, "checkpoint_key": line.checkpoint_key, "suite": None,
+            "kind": line.kind, "start_at": line.start, "end_at": line.end, "seconds": line.seconds,
+            "gpu_count": max(instance.offer.gpu_count, 1), "usd_per_second": instance.offer.usd_per_second,
+            "usd": line.usd,
+        } for i, line in enumerate(lines)])
+    return sum(line.usd for line in lines)
+
+
 def close_lost_attempt(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHandle, *, job_id: str,
                        attempt: int, run_id: str, reason: str, failure_class: str = "reclaim") -> bool:
     """Record a lost host when no run is following the attempt: LOST, and the bill, from
@@ -86,8 +118,9 @@ def close_lost_attempt(settings: Settings, ledger: Ledger, provider: Provider, h
     C.scan_store(ledger, store_for(settings, ledger, job_id, attempt), job_id,
                  eval_suite=eval_suite_for(settings, ledger, job_id, attempt))
     last = ledger.scalar("SELECT max(ts) FROM metric_points WHERE run_id = ?", [run_id])
-    release(settings, ledger, provider, handle.instance, job_id=job_id, run_id=run_id, attempt=attempt,
-            checkpoints=attempt_checkpoints(ledger, run_id), lost=True, last_progress=last, reason=reason)
+    for member in handle.members:  # every node of a group
+        release(settings, ledger, provider, member.instance, job_id=job_id, run_id=run_id, attempt=attempt,
+                checkpoints=attempt_checkpoints(ledger, run_id), lost=True, last_progress=last, reason=reason)
     return changed
 
 
@@ -96,5 +129,7 @@ def stop_cancelled(settings: Settings, ledger: Ledger, provider: Provider, handl
     """A cancelled job's workload that nobody follows: stop it and bill it."""
     with ledger.write() as tx:
         R.run_state(tx, run_id, "CANCELLED", reason="job cancelled")
-    release(settings, ledger, provider, handle.instance, job_id=job_id, run_id=run_id, attempt=attempt,
-            checkpoints=attempt_checkpoints(ledger, run_id), lost=False, last_progress=None, reason="job cancelled")
+    for member in handle.members:  # every node of a group
+        release(settings, ledger, provider, member.instance, job_id=job_id, run_id=run_id, attempt=attempt,
+                checkpoints=attempt_checkpoints(ledger, run_id), lost=False, last_progress=None,
+                reason="job cancelled")

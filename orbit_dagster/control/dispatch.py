@@ -6,6 +6,9 @@ re-attaches. DISPATCHING has an owner (the winning run) and a deadline; whatever
 after the move ends the attempt there and then: the instance, if one was provisioned, is
 released and billed, and the job is LOST (retryable: the next attempt tries again) or
 FAILED with its failure class and the reason, never left DISPATCHING.
+
+A job on several instances (`resources.nodes`) rents its group all or none and launches every
+node (control/group.py), or launches on the nodes its last attempt's recovery kept for it.
 """
 from __future__ import annotations
 
@@ -14,8 +17,10 @@ import math
 import time
 
 from ..core.errors import NoCapacity, OrbitError
+from ..core.execution import MAX_NODES
 from ..core.failures import classify_dispatch_error
 from ..core.lifecycle import JobState
+from ..core.offers import Offer
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
 from ..policy.checkpointing import OrbitInterval, StaticYoungDaly
@@ -27,6 +32,7 @@ from . import checkpoints as C
 from .billing import instance_row, release
 from .context import Reporter, bundle_and_provider, eval_suite_for
 from .deadline import choose, on_demand_offers
+from .group import launch_group, member_rows, planned_group, rent_group
 from .market_clock import time_scale
 from .observations import measured_step_seconds, observed_reclaims, probed_offers
 from .placement import measured_save_seconds, rank_for
@@ -97,31 +103,43 @@ def _launch(settings: Settings, ledger: Ledger, job: dict, bundle, provider: Pro
                                 scale=time_scale(provider)) if ranked else ("spot", None)
     if market == "on_demand":  # the deadline cannot afford the spot market's reclaims any more
         ranked = on_demand_offers(ranked) or ranked
-    standby = standby_instance(ledger, provider, job_id, attempt)
-    if standby:
-        instance, tried = standby, []
+    run_id = R.run_id_for(job_id, attempt)
+    # A group's nodes kept (or rented ahead) by the last attempt's recovery: control/group_recovery.py
+    planned = planned_group(settings, ledger, provider, job_id, attempt) if template.resources.nodes > 1 else None
+    standby = None if planned or template.resources.nodes > 1 else standby_instance(ledger, provider, job_id, attempt)
+    if planned:
+        group, tried = planned, []
+    elif standby:
+        group, tried = [standby], []
+    elif template.resources.nodes > 1:
+        ranked = offers_for_group(provider, ranked, template.resources.nodes)
+        group, tried = rent_group(settings, ledger, provider, ranked, template.resources.nodes, job_id=job_id,
+                                  attempt=attempt, provisioned=provisioned)
     else:
         instance, tried = provision_first(provider, ranked, job_id, attempt)
         provisioned.append(instance)
+        group = [instance]
+    instance, kept = group[0], bool(planned or standby)
     offer = instance.offer
-    run_id = R.run_id_for(job_id, attempt)
     interval, interval_row, interval_plan = checkpoint_plan(
-        ledger, provider, template, offer, job_id=job_id, attempt=attempt,
+        ledger, provider, template, offer, job_id=job_id, attempt=attempt, nodes=len(group),
         done_steps=int(resume["step"]) if resume else 0, instance_started_at=instance.started_at.timestamp())
     decision["inputs"] = R.dumps({**json.loads(decision["inputs"]), "tried": tried,
-                                  "standby": instance.instance_id if standby else None})
-    if standby:  # provisioned ahead by a migration: it becomes this attempt's instance
+                                  "standby": instance.instance_id if standby else None,
+                                  **({"group": [i.instance_id for i in group]} if len(group) > 1 or planned else {})})
+    if kept:  # provisioned ahead (a migration, a group's recovery): it becomes this attempt's
         decision["chosen"] = instance.offer.offer_id
     ledger.commit({"decisions": [decision, interval_row] + ([market_row] if market_row else []),
-                   "instances": [] if standby else [instance_row(instance, "train", job_id, run_id,
-                                                                 dagster_run_id=dagster_run_id)]})
-    if standby:
-        provisioned.append(instance)  # from here on, a failed launch releases it too
+                   "instances": [] if kept else [instance_row(i, "train", job_id, run_id, dagster_run_id=dagster_run_id)
+                                                 for i in group],
+                   "group_members": member_rows(group, job_id=job_id, attempt=attempt) if len(group) > 1 else []})
+    if kept:
+        provisioned.extend(group)  # from here on, a failed launch releases them too
     spec = LaunchSpec(
         task="train",
         attempt=attempt,
         store_uri=provider.host_store_uri(instance, store_uri),
-        resume_from=provider.stage_checkpoint(instance, resume["uri"]) if resume else None,
+        resume_from=provider.stage_checkpoint(instance, resume["uri"]) if resume and len(group) == 1 else None,
         resume_sha256=resume["sha256"] if resume else None,
         checkpoint_every=interval,
         interval_plan=interval_plan,
@@ -131,7 +149,11 @@ def _launch(settings: Settings, ledger: Ledger, job: dict, bundle, provider: Pro
         # The first instance of an offer measures its effective TFLOPS for the catalog.
         probe=offer.offer_id not in probed_offers(ledger),
     )
-    handle = provider.launch(instance, bundle.path, spec)
+    if len(group) > 1:
+        handle = launch_group(provider, group, bundle.path, spec, store_uri=store_uri,
+                              resume_uri=resume["uri"] if resume else None, rdzv_id=run_id)
+    else:
+        handle = provider.launch(instance, bundle.path, spec)
     now = utcnow()
     run_row = {
         "run_id": run_id, "job_id": job_id, "attempt": attempt, "lineage": job["lineage"],
@@ -150,7 +172,8 @@ def _launch(settings: Settings, ledger: Ledger, job: dict, bundle, provider: Pro
                                   offer=offer.offer_id, resume_from=resume["checkpoint_key"] if resume else None,
                                   checkpoint_every=interval, lineage=job["lineage"])]},
     )
-    reporter.log(f"{job_id} attempt {attempt}: running on {offer.offer_id} ({instance.instance_id}), "
+    reporter.log(f"{job_id} attempt {attempt}: running on {offer.offer_id} "
+                 f"({', '.join(i.instance_id for i in group)}), "
                  f"durable checkpoint every {interval} steps"
                  + (f", resumed from {resume['checkpoint_key']}" if resume else ", from scratch"))
     return handle, provider
@@ -165,6 +188,19 @@ def standby_instance(ledger: Ledger, provider: Provider, job_id: str, attempt: i
         if instance.provider == provider.name and provider.instance_alive(instance):
             return instance
     return None
+
+
+def offers_for_group(provider: Provider, ranked: list[Offer], nodes: int) -> list[Offer]:
+    """The ranked offers on which the provider can rent `nodes` instances of one shape in one
+    zone; none is a config no provider accepts, refused before anything is rented."""
+    able = [o for o in ranked if len(provider.group_offers(o, nodes)) >= nodes]
+    if ranked and not able:
+        largest = max(len(provider.group_offers(o, MAX_NODES)) for o in ranked)
+        raise OrbitError(f"resources.nodes={nodes}: no offer of {provider.name} that fits the job can be rented "
+                         f"{nodes} times in one zone (at most {largest})", field="resources.nodes", value=nodes,
+                         fix=f"set resources.nodes to at most {largest}, or a placement with more instances of one "
+                             "shape in one zone (an SSH inventory: more hosts of one GPU model, count and region)")
+    return able
 
 
 def provision_first(provider: Provider, ranked: list, job_id: str, attempt: int) -> tuple[InstanceHandle, list[dict]]:
@@ -201,7 +237,8 @@ def fleet_notices(ledger: Ledger, provider: str):
 
 
 def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_id: str, attempt: int,
-                    done_steps: int = 0, instance_started_at: float | None = None) -> tuple[int, dict, dict]:
+                    done_steps: int = 0, instance_started_at: float | None = None,
+                    nodes: int | None = None) -> tuple[int, dict, dict]:
     """The first durable checkpoint interval in steps, its decision row, and the plan the
     agent re-asks after each durable save (runtime/checkpoint_schedule.py).
 
@@ -215,7 +252,8 @@ def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_
     step time; `orbit`'s rule (`OrbitInterval.rule`) goes to the host, which asks it again
     after each durable save for the instance's age then, as `orbit simulate` does. Times go
     to the policy in the market's seconds (`market_clock.time_scale`); the group size is the
-    template's (`Resources.nodes`)."""
+    template's (`Resources.nodes`), or `nodes` when the attempt runs on another number (an
+    elastic group after a reclaim)."""
 
     scale = time_scale(provider)
     book = RateBook()
@@ -234,7 +272,7 @@ def checkpoint_plan(ledger: Ledger, provider: Provider, template, offer, *, job_
     if name == "orbit":
         policy = OrbitInterval.for_offer(offer, save_s=save_s, notice_s=notice_s, rates=book,
                                          notices=fleet_notices(ledger, provider.name),
-                                         nodes=template.resources.nodes)
+                                         nodes=nodes or template.resources.nodes)
         decision = policy.decide(age_s=0.0, work_left_s=work_left_s)
         rule = policy.rule().as_record()
     elif name == "young-daly":

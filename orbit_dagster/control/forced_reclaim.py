@@ -15,9 +15,10 @@ from .context import bundle_and_provider
 
 
 def force_reclaim(settings: Settings, job_id: str, *, at_step: int | None = None,
-                  notice_seconds: float | None = None) -> dict:
-    """Arm a reclaim of the instance running JOB's current attempt: now, or once its workload
-    reports training step `at_step`. Returns what was armed."""
+                  notice_seconds: float | None = None, node: int | None = None) -> dict:
+    """Arm a reclaim of the instance running JOB's current attempt (of node `node` of a group;
+    default node 0): now, or once its workload (any node of its group) reports training step
+    `at_step`. Returns what was armed."""
     if at_step is not None and (isinstance(at_step, bool) or not isinstance(at_step, int) or at_step < 0):
         raise OrbitError(f"--at-step {at_step!r} is not a step", field="--at-step", value=at_step,
                          fix="a training step: a whole number >= 0")
@@ -36,11 +37,15 @@ def force_reclaim(settings: Settings, job_id: str, *, at_step: int | None = None
         raise OrbitError(f"job {job_id} runs on {type(provider).__name__}, not on the embedded market",
                          field="job", value=job_id,
                          fix="a reclaim can be forced on the simulated market only (placement: sim)")
-    instance = RunHandle.model_validate_json(run["handle"]).instance
+    nodes = RunHandle.model_validate_json(run["handle"]).members
+    if node is not None and (isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < len(nodes)):
+        raise OrbitError(f"--node {node!r}: job {job_id}'s attempt {attempt} runs on {len(nodes)} node(s)",
+                         field="--node", value=node, fix=f"a node rank from 0 to {len(nodes) - 1}")
+    instance = nodes[node or 0].instance
     notice = notice_seconds or provider.notice_seconds
     if at_step is None:
         provider.inject_reclaim(instance, in_seconds=notice, notice_seconds=notice)
-    else:
-        provider.inject_reclaim(instance, at_step=at_step, notice_seconds=notice)
+    else:  # the step any node reports: in a group, the rank that prints metrics may be on another node
+        provider.inject_reclaim(instance, at_step=at_step, notice_seconds=notice, progress_of=list(nodes))
     return {"job": job_id, "attempt": attempt, "instance": instance.instance_id, "at_step": at_step,
-            "notice_seconds": notice}
+            "notice_seconds": notice, "node": node or 0, "nodes": len(nodes)}

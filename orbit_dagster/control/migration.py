@@ -68,8 +68,8 @@ def plan_migrations(settings: Settings, *, now: datetime | None = None, window_s
         job_id, attempt = row["job_id"], int(row["attempt"])
         handle = RunHandle.model_validate_json(row["handle"])
         current = handle.instance.offer
-        if not current.spot or row["run_id"] in moving:
-            continue
+        if not current.spot or row["run_id"] in moving or handle.nodes:
+            continue  # (moving a group of nodes is not built: a reclaim of one is handled, docs/multi-node.md)
         deadline_move = to_on_demand(settings, ledger, row, current, now=now.timestamp(), contexts=contexts)
         if deadline_move is not None:
             moves.append(deadline_move)

@@ -34,6 +34,7 @@ from ..providers.base import InstanceHandle, RunHandle
 from ..settings import Settings
 from .billing import attempt_checkpoints, close_lost_attempt, release, stop_cancelled
 from .context import Attempts, bundle_and_provider, concurrently
+from .group import GroupWatch
 from .handoff import WATCH, Watch
 from .recovery import recover_lost
 
@@ -110,22 +111,25 @@ def record_notices(settings: Settings, ledger: Ledger, attempts: list[dict], rep
                    contexts: Attempts | None = None) -> None:
     contexts = contexts or Attempts(settings, ledger)
     noticed = {r["instance_id"] for r in ledger.rows(
-        """SELECT DISTINCT e.instance_id FROM runs r JOIN events e ON e.instance_id = r.instance_id
+        """SELECT DISTINCT e.instance_id FROM runs r JOIN events e ON e.run_id = r.run_id
            WHERE r.state = 'RUNNING' AND e.kind = 'notice'""")}
-    todo = [(row, RunHandle.model_validate_json(row["handle"])) for row in attempts
-            if row["instance_id"] not in noticed]
+    # Every node of a group: a notice for any of them stops the whole group (control/group.py).
+    todo = [(row, node, member, len(handle.members) > 1) for row in attempts
+            for handle in [RunHandle.model_validate_json(row["handle"])]
+            for node, member in enumerate(handle.members) if member.instance.instance_id not in noticed]
 
-    def ask(item: tuple[dict, RunHandle]):
-        row, handle = item
+    def ask(item: tuple[dict, int, RunHandle, bool]):
+        row, _, handle, _ = item
         _, provider = contexts(row["job_id"], int(row["attempt"]))
         return provider.notices(handle.instance)
 
-    for (row, handle), notices in zip(todo, concurrently(ask, todo)):
+    for (row, node, handle, grouped), notices in zip(todo, concurrently(ask, todo)):
         for notice in notices:
             lead = (notice.deadline - notice.received_at).total_seconds() if notice.deadline else None
             ledger.commit({"events": [R.event("notice", job_id=row["job_id"], run_id=row["run_id"],
                                               instance_id=handle.instance.instance_id, action=notice.action,
-                                              deadline=notice.deadline, lead_seconds=lead, source=notice.source)]})
+                                              deadline=notice.deadline, lead_seconds=lead, source=notice.source,
+                                              **({"node": node, "group": row["run_id"]} if grouped else {}))]})
             report.notices.append({"job_id": row["job_id"], "instance_id": handle.instance.instance_id,
                                    "deadline": notice.deadline})
 
@@ -150,7 +154,8 @@ def decide(settings: Settings, followed: Followed = lambda job_id, attempt: True
     def status_of(row: dict):
         _, provider = contexts(row["job_id"], int(row["attempt"]))
         handle = RunHandle.model_validate_json(row["handle"])
-        status = provider.status(handle)
+        # A group's status from its nodes' (control/group.py); a run that takes it up waits for the rest.
+        status = GroupWatch(provider, handle).status() if handle.nodes else provider.status(handle)
         if row["handed_off_at"] is None:
             return status, None
         if status.state in ("exited", "lost"):
@@ -180,9 +185,17 @@ def decide(settings: Settings, followed: Followed = lambda job_id, attempt: True
                                               why, "infrastructure"))
     for row in ledger.rows(
             """SELECT i.instance_id, i.provider, i.offer_id, i.job_id, i.run_id, r.attempt FROM instances i
-               JOIN runs r ON r.run_id = i.run_id AND r.instance_id = i.instance_id
+               JOIN runs r ON r.run_id = i.run_id
                WHERE i.stopped_at IS NULL AND i.purpose = 'train' AND r.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"""):
         report.decisions.append(_decision("release_orphan", row, "its attempt has ended"))
+    # Kept or rented ahead for an attempt that never ran (a group's nodes, a migration's
+    # replacement) while the job ended meanwhile (failed, cancelled).
+    for row in ledger.rows(
+            """SELECT i.instance_id, i.provider, i.offer_id, i.job_id, i.run_id, j.attempt FROM instances i
+               JOIN jobs j ON j.job_id = i.job_id
+               WHERE i.stopped_at IS NULL AND i.purpose = 'train' AND j.state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+               AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = i.run_id)"""):
+        report.decisions.append(_decision("release_orphan", row, "its job ended before the attempt it was kept for"))
     # A LOST attempt is requeued by the run that closed it; one still LOST a while later (that
     # run died first) is requeued here.
     for row in ledger.rows("SELECT job_id, attempt, failure_class FROM jobs WHERE state = 'LOST' AND state_at < ?",

@@ -67,6 +67,8 @@ def check_serviceable(settings: Settings, template: TaskTemplate, overrides: dic
         _check_aws(settings, overrides)
     if template.placement == "ssh_rental":
         _check_ssh_hosts(settings, template, overrides)
+    if template.resources.nodes > 1:
+        _check_group(settings, template, overrides)
 
 
 def _error(overrides: dict, field: str, value: object, message: str, fix: str) -> OrbitError:
@@ -165,3 +167,28 @@ def _check_ssh_hosts(settings: Settings, template: TaskTemplate, overrides: dict
                      f"no host of the SSH inventory {settings.ssh_hosts} fits {want}",
                      f"add a host that fits to the inventory, or change resources "
                      f"(hosts: {', '.join(f'{h.name}: {h.gpus.count}x {h.gpus.model}' for h in inventory.hosts) or 'none'})")
+
+
+def _check_group(settings: Settings, template: TaskTemplate, overrides: dict) -> None:
+    """A job of several nodes: a store every node writes its shards into, and (SSH) enough hosts
+    of one shape in one region. An AWS zone's capacity is learnt at dispatch, from its offers."""
+    n = template.resources.nodes
+    if template.launch_mode != "host_process":
+        raise _error(overrides, "launch_mode", template.launch_mode,
+                     f"a group of {n} nodes is started by torchrun on the hosts themselves",
+                     "use launch_mode host_process with resources.nodes > 1")
+    if template.placement != "sim" and template.checkpoint.store != "s3":
+        # Sim hosts write into the control plane's own store; SSH and AWS hosts keep an `fs`
+        # store on their own disks, where the other nodes' shards of a checkpoint never arrive.
+        raise _error(overrides, "checkpoint.store", template.checkpoint.store,
+                     f"a group of {n} nodes on {template.placement} needs a store every node writes its shards into",
+                     "set checkpoint.store: s3 (with ORBIT_S3_CHECKPOINT_STORE=s3://...)")
+    if template.placement == "ssh_rental":
+        largest = load_inventory(settings.ssh_hosts).largest_group(template.resources)
+        if largest < n:
+            raise _error(overrides, "resources.nodes", n,
+                         f"the SSH inventory {settings.ssh_hosts} has at most {largest} host{'' if largest == 1 else 's'} "
+                         "of one shape in one region (a group is rented on hosts of one GPU model and count, in one region)",
+                         f"add hosts of one shape and region to the inventory, or set resources.nodes to at most "
+                         f"{max(largest, 1)}")
+

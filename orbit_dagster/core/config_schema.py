@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AllowInfNan, BaseModel, Strict, ValidationError
+from pydantic_core import PydanticCustomError
 
 from .errors import OrbitError, TemplateError
 from .workload import workload_dir
@@ -135,12 +136,22 @@ def validate_config(schema: type[BaseModel], config: Any, *, error: type[OrbitEr
         raise readable(exc, schema, error=error, context=context, prefix="config", overrides=overrides) from None
 
 
+REFUSED = "orbit_refused"  # a validator's own refusal (`refused`): it names its field, value and fix
+
+
+def refused(message: str, *, fix: str, field: str | None = None, value: Any = None) -> PydanticCustomError:
+    """What a validator raises when it knows better than the schema what is wrong: the field
+    (dotted, from the model's top; default: the validated field), the value and the fix."""
+    return PydanticCustomError(REFUSED, "{message}", {"message": message, "fix": fix, "field": field, "value": value})
+
+
 def readable(exc: ValidationError, model: type[BaseModel], *, error: type[OrbitError], context: str,
              prefix: str = "", overrides: dict | None = None) -> OrbitError:
     """The first error of a ValidationError as one OrbitError naming the field, the value and the fix."""
     err = exc.errors(include_url=False)[0]
     loc = [str(p) for p in err["loc"]]
-    field = ".".join(([prefix] if prefix else []) + loc) or prefix or "(template)"
+    ctx = err.get("ctx") or {} if err["type"] == REFUSED else {}
+    field = ctx.get("field") or ".".join(([prefix] if prefix else []) + loc) or prefix or "(template)"
     msg = err["msg"].removeprefix("Value error, ")
     msg = msg[:1].lower() + msg[1:]
     overrides = overrides or {}
@@ -148,10 +159,10 @@ def readable(exc: ValidationError, model: type[BaseModel], *, error: type[OrbitE
         value = overrides[field]
         text = f"{context}: override {field}={show(value)}: {msg}"
     else:
-        value = err.get("input") if err["type"] != "missing" else None
+        value = ctx["value"] if ctx.get("field") else err.get("input") if err["type"] != "missing" else None
         shown = "" if err["type"] == "missing" else f" (value: {show(value)})"
         text = f"{context}: field {field!r} {msg}{shown}"
-    return error(text, field=field, value=value, fix=fix_for(model, loc, err["type"], field))
+    return error(text, field=field, value=value, fix=ctx.get("fix") or fix_for(model, loc, err["type"], field))
 
 
 def fix_for(model: type[BaseModel], loc: list[str], kind: str, field: str) -> str:
@@ -163,8 +174,7 @@ def fix_for(model: type[BaseModel], loc: list[str], kind: str, field: str) -> st
     defs = schema.get("$defs", {})
     node: dict = schema
     for part in loc:
-        node = _resolve(node, defs)
-        props = node.get("properties", {})
+        props = _fields_of(node, defs)
         if part not in props:
             parent = field.rsplit(".", 1)[0] if "." in field else "the template"
             if kind == "extra_forbidden" and props:
@@ -184,6 +194,15 @@ def _resolve(node: dict, defs: dict) -> dict:
     if "allOf" in node and len(node["allOf"]) == 1:
         return _resolve(node["allOf"][0], defs)
     return node
+
+
+def _fields_of(node: dict, defs: dict) -> dict:
+    """The properties of a model's schema, also of an optional one (`X | None`: anyOf X, null)."""
+    node = _resolve(node, defs)
+    for option in node.get("anyOf", ()):
+        if _resolve(option, defs).get("properties"):
+            return _resolve(option, defs)["properties"]
+    return node.get("properties", {})
 
 
 def describe(node: dict, defs: dict) -> str:

@@ -45,3 +45,19 @@ def kill_tagged(name: str, value: str) -> int:
         except OSError:
             continue
     return killed
+
+
+def children(pid: int) -> list[int]:
+    """Pids of the live processes whose parent is `pid` (torchrun's ranks are its children)."""
+    found = []
+    for proc in PROC.iterdir() if PROC.is_dir() else ():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            fields = stat.rsplit(")", 1)[1].split()  # after the name, which may hold spaces
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(proc.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found

@@ -39,7 +39,7 @@ from .bounded import read_text_bounded
 from .command_template import check_placeholders, has_config_schema, plain_config
 from .config_schema import FiniteFloat, config_schema, readable, reason, show, validate_config
 from .errors import OrbitError, TemplateError
-from .execution import EnvName, EnvValue, LaunchMode, Placement, Resources
+from .execution import Elastic, EnvName, EnvValue, LaunchMode, Placement, Resources, check_elastic, check_group
 from .hashing import canonical_json
 
 TaskKind = Literal["train", "eval", "collect", "custom"]
@@ -162,6 +162,8 @@ class TaskTemplate(BaseModel):
     placement: Placement = "sim"
     launch_mode: LaunchMode = "host_process"
     resources: Resources = Resources()
+    # After `resources` (its validator reads the node count): null, a group keeps its size.
+    elastic: Elastic | None = None
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
     secret_env: tuple[EnvName, ...] = ()
     image: str | None = Field(None, min_length=1, max_length=512, pattern=r"^\S+$")
@@ -204,7 +206,15 @@ class TaskTemplate(BaseModel):
         if resources.processes > 1 and info.data.get("command") is None:
             raise ValueError(f"asks for {resources.processes} processes: several processes are started by torchrun "
                              "for a command workload (`command:`); an SDK entrypoint runs one (processes: 1)")
+        check_group(resources, command=info.data.get("command"), kind=info.data.get("kind"))
         return resources
+
+    @field_validator("elastic")
+    @classmethod
+    def _elastic_holds_the_node_count(cls, elastic: Elastic | None, info: ValidationInfo) -> Elastic | None:
+        resources = info.data.get("resources")
+        check_elastic(elastic, resources.nodes if resources is not None else 1)
+        return elastic
 
     @field_validator("eval")
     @classmethod

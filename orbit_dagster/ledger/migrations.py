@@ -91,6 +91,13 @@ def _v8_discovery(tx: Tx) -> None:
                         checkfirst=True)
 
 
+def _v9_groups(tx: Tx) -> None:
+    # A ledger made by this code already has it (version 1 creates every table); an older one gains
+    # it, empty (no job of it spanned several instances), and the per-node cost view over it.
+    metadata.create_all(tx.conn, tables=[TABLES["group_members"].table], checkfirst=True)
+    _create_views(tx)
+
+
 # (version, what it does, the change). Append only: a released migration never changes.
 MIGRATIONS: list[tuple[int, str, Callable[[Tx], None]]] = [
     (1, "transactional ledger: tables, indexes, views", _v1_initial),
@@ -101,6 +108,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Tx], None]]] = [
     (6, "each run worker's liveness record", _v6_run_workers),
     (7, "cost by job: evaluation dollars per training dollar", _create_views),
     (8, "offer discovery: each refresh per source, and the change set", _v8_discovery),
+    (9, "the nodes of multi-node attempts, and cost by node", _v9_groups),
 ]
 LATEST = MIGRATIONS[-1][0]
 

@@ -25,8 +25,9 @@ if TYPE_CHECKING:  # pandas is imported by Ledger.frame when a frame is made: ev
     from .limits import SqlLimits
 
 COST_VIEWS = {"job": "cost_by_job", "experiment": "cost_by_experiment", "checkpoint": "cost_by_checkpoint",
-              "provider": "cost_efficiency"}
-COST_ORDER = {"job": "usd DESC, job_id", "experiment": "usd DESC, experiment", "checkpoint": "job_id, line"}
+              "provider": "cost_efficiency", "node": "cost_by_node"}
+COST_ORDER = {"job": "usd DESC, job_id", "experiment": "usd DESC, experiment", "checkpoint": "job_id, line",
+              "node": "job_id, attempt, node_rank"}
 
 
 def sql(ledger: Ledger, query: str, *, limits: "SqlLimits | None" = None) -> pd.DataFrame:
@@ -77,9 +78,11 @@ def checkpoints(ledger: Ledger, job_id: str) -> pd.DataFrame:
 
 def cost_table(ledger: Ledger, by: str = "job", *, experiment: str | None = None,
                job: str | None = None) -> pd.DataFrame:
-    """Cost attribution by job, experiment, checkpoint or provider (`cost_efficiency`: per provider,
-    offer and GPU model, through the DuckDB face), of everything or of one experiment or job;
-    every table sums to the bill of what it covers (`billed_usd` with the same filter)."""
+    """Cost attribution by job, experiment, checkpoint, provider (`cost_efficiency`: per provider,
+    offer and GPU model, through the DuckDB face) or node (each training instance per attempt: a
+    group's nodes on their own lines), of everything or of one experiment or job; every table
+    sums to the bill of what it covers (`billed_usd` with the same filter; by node, of the
+    training instances: `purpose="train"`)."""
     if by not in COST_VIEWS:
         raise OrbitError(f"cannot group cost by {by!r}", field="--by", value=by, fix=f"use one of: {', '.join(COST_VIEWS)}")
     if job is not None and by == "experiment":
@@ -108,10 +111,15 @@ def _cost_filter(experiment: str | None, job: str | None) -> tuple[str, list]:
     return ("WHERE " + " AND ".join(f"{c} = ?" for c, _ in terms) if terms else "", [v for _, v in terms])
 
 
-def _instances_where(experiment: str | None, job: str | None, stopped: bool) -> tuple[str, list]:
+def _instances_where(experiment: str | None, job: str | None, stopped: bool,
+                     purpose: str | None = None) -> tuple[str, list]:
     """Stopped (billed) or running instances, of one experiment's or job's when given (its
-    evaluations' instances included: they carry the evaluated checkpoint's job)."""
+    evaluations' instances included: they carry the evaluated checkpoint's job), of one purpose
+    (`train`, `eval`) when given."""
     terms, params = [f"stopped_at IS {'NOT ' if stopped else ''}NULL"], []
+    if purpose is not None:
+        terms.append("purpose = ?")
+        params.append(purpose)
     if experiment is not None:
         terms.append("job_id IN (SELECT job_id FROM jobs WHERE experiment = ?)")
         params.append(experiment)
@@ -121,16 +129,18 @@ def _instances_where(experiment: str | None, job: str | None, stopped: bool) -> 
     return "WHERE " + " AND ".join(terms), params
 
 
-def billed_usd(ledger: Ledger, *, experiment: str | None = None, job: str | None = None) -> float:
+def billed_usd(ledger: Ledger, *, experiment: str | None = None, job: str | None = None,
+               purpose: str | None = None) -> float:
     """What the providers billed: every stopped instance, start to stop, at its price (of one
-    experiment's or job's instances when given)."""
-    where, params = _instances_where(experiment, job, stopped=True)
+    experiment's or job's instances, of one purpose, when given)."""
+    where, params = _instances_where(experiment, job, stopped=True, purpose=purpose)
     return float(ledger.scalar(f"SELECT coalesce(sum(billed_usd), 0) FROM instances {where}", params) or 0.0)
 
 
-def running_instances(ledger: Ledger, *, experiment: str | None = None, job: str | None = None) -> int:
-    """Instances not yet stopped, so not yet billed (of one experiment or job when given)."""
-    where, params = _instances_where(experiment, job, stopped=False)
+def running_instances(ledger: Ledger, *, experiment: str | None = None, job: str | None = None,
+                      purpose: str | None = None) -> int:
+    """Instances not yet stopped, so not yet billed (of one experiment or job, of one purpose, when given)."""
+    where, params = _instances_where(experiment, job, stopped=False, purpose=purpose)
     return int(ledger.scalar(f"SELECT count(*) FROM instances {where}", params) or 0)
 
 

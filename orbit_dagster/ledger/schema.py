@@ -173,6 +173,13 @@ TABLES: dict[str, TableSpec] = {t.name: t for t in [
     _table("run_workers", col("dagster_run_id", primary_key=True), col("host"), col("boot"), col("pid", I),
            col("pid_start", I), col("started_at", F), col("heartbeat_at", F), col("ended_at", F),
            key=("dagster_run_id",), on_conflict="update"),
+    # The nodes of a multi-node attempt (resources.nodes > 1): which instance is which node rank
+    # of the group that runs the attempt (node 0 hosts the rendezvous). A node kept after a reclaim
+    # of another joins the next attempt's group under its new rank (control/group_recovery.py).
+    _table("group_members", col("run_id"), col("node_rank", I), col("job_id"), col("attempt", I),
+           col("instance_id"), col("offer_id"), col("joined_at", F),
+           sa.PrimaryKeyConstraint("run_id", "node_rank"), key=("run_id", "node_rank"), on_conflict="update",
+           indexes=(("instance_id",), ("job_id",))),
     _table("decisions", col("decision_id", primary_key=True), col("job_id"), col("attempt", I), col("kind"),
            col("chosen"), col("runner_up"), col("inputs"), col("ts", F),
            key=("decision_id",), indexes=(("job_id", "kind"),)),
@@ -225,6 +232,21 @@ VIEWS: dict[str, str] = {
     "cost_by_checkpoint": """
         SELECT job_id, line, checkpoint_key, train_usd, eval_usd, wasted_usd, overhead_usd, usd, seconds, experiment
         FROM cost_lines""",
+    # Each node's share of a training bill: its instance-seconds and dollars per attempt, and
+    # what of them was wasted when the group was stopped (a node of a single-instance job is
+    # node 0). Sums to the bill of the training instances it covers.
+    "cost_by_node": """
+        SELECT c.job_id, c.attempt, coalesce(g.node_rank, 0) AS node_rank, c.instance_id, i.offer_id,
+               coalesce(sum(c.seconds), 0) AS instance_seconds,
+               coalesce(sum(CASE WHEN c.kind = 'wasted' THEN c.seconds END), 0) AS wasted_seconds,
+               coalesce(sum(CASE WHEN c.kind = 'train' THEN c.usd END), 0) AS train_usd,
+               coalesce(sum(CASE WHEN c.kind = 'wasted' THEN c.usd END), 0) AS wasted_usd,
+               coalesce(sum(CASE WHEN c.kind = 'overhead' THEN c.usd END), 0) AS overhead_usd,
+               coalesce(sum(c.usd), 0) AS usd, j.experiment
+        FROM costs c JOIN instances i ON i.instance_id = c.instance_id AND i.purpose = 'train'
+        LEFT JOIN group_members g ON g.run_id = c.run_id AND g.instance_id = c.instance_id
+        LEFT JOIN jobs j ON j.job_id = c.job_id
+        GROUP BY c.job_id, c.attempt, coalesce(g.node_rank, 0), c.instance_id, i.offer_id, j.experiment""",
     "current_best": """
         SELECT b.* FROM best_checkpoints b
         WHERE b.computed_at = (SELECT max(x.computed_at) FROM best_checkpoints x WHERE x.experiment = b.experiment)""",

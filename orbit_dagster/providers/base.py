@@ -10,11 +10,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from ..core.execution import Resources
 from ..core.host_contract import Checkpoint, Entry
 from ..core.offers import Offer
+
+RENDEZVOUS_PORT = 29400  # torchrun's own default for c10d: a rented instance's port is ours to take
 
 
 class InstanceHandle(BaseModel):
@@ -50,6 +52,12 @@ class LaunchSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     secret_env: tuple[str, ...] = ()  # names forwarded from the control plane's environment
     extra_args: tuple[str, ...] = ()
+    # A group of nodes (resources.nodes > 1): this node's rank, the group's size, and the c10d
+    # rendezvous torchrun meets the others at (node 0's host, a port there; docs/multi-node.md).
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
 
 
 class RunHandle(BaseModel):
@@ -61,6 +69,21 @@ class RunHandle(BaseModel):
     task: str = "train"
     attempt: int = 1
     launched_at: datetime
+    # A group's other nodes, node rank 1.. in order (this handle is node 0's). Left out of the
+    # stored JSON when empty: a single instance's handle reads as it always did.
+    nodes: tuple["RunHandle", ...] = ()
+
+    @model_serializer(mode="wrap")
+    def _without_an_empty_group(self, handler):
+        data = handler(self)
+        if isinstance(data, dict) and not data.get("nodes"):
+            data.pop("nodes", None)
+        return data
+
+    @property
+    def members(self) -> tuple["RunHandle", ...]:
+        """Every node's handle, node 0 (this one, its group left out) first."""
+        return (self.model_copy(update={"nodes": ()}), *self.nodes) if self.nodes else (self,)
 
 
 class RunStatus(BaseModel):
@@ -100,12 +123,23 @@ class Provider(Protocol):
     name: str
     # Seconds between a reclaim notice and the reclaim (AWS 120, GCP 30, none for a rental box).
     notice_seconds: float
+    # Whether an instance takes another workload once its last one ended: a group's surviving
+    # nodes then go on into the next attempt (control/group_recovery.py); else it is rented anew.
+    relaunch: bool
 
     def list_offers(self, resources: Resources | None = None) -> list[Offer]: ...
 
     def provision(self, offer: Offer, *, tags: dict[str, str]) -> InstanceHandle: ...
 
+    # What to rent for a group of `count` nodes starting with `offer`: one offer per node, all of
+    # `offer`'s shape in its zone (one interconnect); fewer when the provider has fewer there.
+    def group_offers(self, offer: Offer, count: int) -> list[Offer]: ...
+
     def launch(self, instance: InstanceHandle, bundle_dir: Path, spec: LaunchSpec) -> RunHandle: ...
+
+    # `host:port` where a group's other nodes reach the c10d rendezvous torchrun hosts on this
+    # instance, its node 0: an address they reach it at and a port free there.
+    def rendezvous_endpoint(self, instance: InstanceHandle) -> str: ...
 
     def status(self, run: RunHandle) -> RunStatus: ...
 

@@ -34,6 +34,9 @@ def agent_argv(python: str, bundle: Path, workdir: Path, spec: LaunchSpec, metad
         argv += ["--metadata-url", metadata_url]
     if spec.probe:
         argv.append("--probe")
+    if spec.nnodes > 1:  # one node of a group: where torchrun meets the others (runtime/group.py)
+        argv += ["--nnodes", str(spec.nnodes), "--node-rank", str(spec.node_rank),
+                 "--rdzv-endpoint", str(spec.rdzv_endpoint), "--rdzv-id", str(spec.rdzv_id)]
     return argv + list(spec.extra_args)
 
 

@@ -35,6 +35,7 @@ from .exits import (  # re-exported: the agent's exit codes are its interface
     INFRA_ERRNOS,
     is_out_of_memory,
 )
+from .group import NodeGroup
 from .notices import NoticeWatcher
 
 
@@ -141,7 +142,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--notice-grace", type=float, default=5.0, help="seconds to wait for a step boundary after a notice")
     p.add_argument("--stop-after-step", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--probe", action="store_true", help="measure effective TFLOPS before the workload")
-    return p.parse_args(argv)
+    g = p.add_argument_group("one node of a group (runtime/group.py)")
+    g.add_argument("--nnodes", type=int, default=1, help="the group's size (1: a single instance)")
+    g.add_argument("--node-rank", type=int, default=0, help="this host's node in the group (0 hosts the rendezvous)")
+    g.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the group's c10d rendezvous, on node 0's host")
+    g.add_argument("--rdzv-id", default=None, help="the rendezvous id (the attempt's run)")
+    g.add_argument("--group-wait", type=float, default=120.0,
+                   help="node 0: seconds it waits for the other nodes' parts of a checkpoint")
+    args = p.parse_args(argv)
+    if args.nnodes > 1 and not (0 <= args.node_rank < args.nnodes and args.rdzv_endpoint and args.rdzv_id):
+        p.error("--nnodes > 1 needs --node-rank in [0, nnodes), --rdzv-endpoint and --rdzv-id")
+    return args
+
+
+def node_group(args: argparse.Namespace) -> NodeGroup | None:
+    if args.nnodes <= 1:
+        return None
+    return NodeGroup(nnodes=args.nnodes, node_rank=args.node_rank, endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                     wait_s=args.group_wait)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -258,7 +276,7 @@ def _run_command(args, job, bundle, workdir, events, store, watcher, ck) -> tupl
                           store=store, notices=watcher,
                           checkpoint_every=args.checkpoint_every or ck.get("every_steps", 50),
                           resume_from=args.resume_from, eval_checkpoint=checkpoint, expect_sha256=sha256,
-                          notice_grace=args.notice_grace, interval_plan=args.interval_plan)
+                          notice_grace=args.notice_grace, interval_plan=args.interval_plan, group=node_group(args))
         watcher.on_notice = lambda notice, r=run_: (events.emit(Notice(**notice)), r.on_notice(notice))
         _on_rebalance(watcher, events, ck, run_.request_durable, "schedule")
         try:

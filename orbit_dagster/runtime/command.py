@@ -32,9 +32,11 @@ from pathlib import Path
 from ..core import placeholders, process_tree
 from ..core.host_contract import Checkpoint, Evaluation, Loaded, Metrics, Resumed
 from ..storage.base import MANIFEST, CheckpointManifest, StoreError, checkpoint_dir_name
-from ..storage.parts import PART_SIZE
+from . import group
 from .checkpoint_schedule import CheckpointSchedule
 from .exits import EXIT_OK, EXIT_USER_ERROR
+from .files import collect_files, store_files
+from .group import NodeGroup
 from .script_output import exit_code_for, metric_line
 from .watcher import CheckpointWatcher, Found, shards_format
 
@@ -42,7 +44,6 @@ STDERR_TAIL_LINES = 50
 MAX_LINE = 1 << 20  # bytes of one line read at a time: a longer one is log output in pieces
 POLL_S = 0.25
 KILL_MARGIN_S = 1.0  # before a notice's deadline: the script is killed this early, the agent reports
-COPY_CHUNK = PART_SIZE  # reads of a script's checkpoint files: whole parts, handed to the store without a copy
 
 
 class CommandError(Exception):
@@ -68,22 +69,14 @@ def _entry_name(value: object) -> str:
     return name
 
 
-def store_files(store, job_id: str, name: str, files: dict[str, Path], manifest: CheckpointManifest) -> CheckpointManifest:
-    """A script's checkpoint files streamed from disk into the store (each part hashed and
-    written on the store's threads; whole parts straight from the read buffer), the manifest last."""
-    with store.writer(job_id, name) as w:
-        for rel, path in files.items():
-            with open(path, "rb") as src, w.open(rel) as dst:
-                shutil.copyfileobj(src, dst, COPY_CHUNK)
-        return w.commit(manifest)
-
-
-def torchrun_argv(argv: list[str], processes: int) -> list[str]:
+def torchrun_argv(argv: list[str], processes: int, group: NodeGroup | None = None) -> list[str]:
     """The command under torchrun on this instance, one rank a process: a Python script
     (`python train.py ...`, `python -m pkg ...`) as torchrun's own entrypoint, any other
     program with `--no-python`. torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
-    MASTER_PORT and forwards a SIGTERM to every rank."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes)]
+    MASTER_PORT and forwards a SIGTERM to every rank. One node of a group meets the others at
+    the group's c10d rendezvous instead of standing alone (runtime/group.py)."""
+    where = group.launcher_args() if group is not None else ["--standalone"]
+    launcher = [sys.executable, "-m", "torch.distributed.run", *where, "--nproc-per-node", str(processes)]
     if argv[0] != "python":
         return [*launcher, "--no-python", *argv]
     if len(argv) > 2 and argv[1] == "-m":
@@ -96,7 +89,8 @@ class CommandRun:
 
     def __init__(self, *, job: dict, bundle: Path, workdir: Path, task: str, attempt: int, events, store, notices,
                  checkpoint_every: int, resume_from: str | None, eval_checkpoint: str | None,
-                 expect_sha256: str | None, notice_grace: float, interval_plan: dict | None = None):
+                 expect_sha256: str | None, notice_grace: float, interval_plan: dict | None = None,
+                 group: NodeGroup | None = None):
         self.job, self.template = job, job["template_snapshot"]
         self.job_id: str = job["job_id"]
         self.bundle, self.task, self.attempt = bundle, task, attempt
@@ -118,9 +112,11 @@ class CommandRun:
         self.schedule_file = self.home / "schedule.json"
         self.schedule.publish(self.schedule_file)
         ck = self.template.get("checkpoint", {})
+        self.group = group if task == "train" else None  # one node of several (runtime/group.py)
         self.watcher = CheckpointWatcher(self.checkpoint_dir, pattern=ck.get("pattern"),
                                          complete_marker=ck.get("complete_marker"),
-                                         settle_seconds=float(ck.get("settle_seconds", 2.0)))
+                                         settle_seconds=float(ck.get("settle_seconds", 2.0)),
+                                         metadata_elsewhere=self.group is not None)
         self.proc: subprocess.Popen | None = None
         self.tag = f"{self.job_id}.{task}-a{attempt}.{uuid.uuid4().hex[:12]}"  # in every process the run starts
         self.last_step: int | None = None
@@ -145,8 +141,8 @@ class CommandRun:
                   "resume_from": "", **extra}
         out = [placeholders.fill(a, values, self.template.get("config", {})) for a in argv]
         processes = int(self.template.get("resources", {}).get("processes", 1))
-        if self.task == "train" and processes > 1:
-            return torchrun_argv(out, processes)
+        if self.task == "train" and (processes > 1 or self.group is not None):
+            return torchrun_argv(out, processes, self.group)
         return [sys.executable if out[0] == "python" else out[0], *out[1:]]
 
     def env(self, extra: dict[str, str]) -> dict[str, str]:
@@ -201,11 +197,20 @@ class CommandRun:
     def register(self, found: Found) -> None:
         began = time.perf_counter()
         tier = "emergency" if self._notice_at is not None else "durable"
+        source = self.notices.source if tier == "emergency" else None
+        staging = self.home / f"parts-{found.step}"
         try:
             files = self._files_of(found)
+            if self.group is not None and self.group.node_rank > 0:  # its part; node 0 reports the checkpoint
+                return group.store_part(self.store, self.job_id, self.attempt, self.group, found, files, tier, source)
+            if self.group is not None:
+                parts = group.gather(self.store, self.job_id, self.attempt, found.step, self.group, staging)
+                if parts is None:
+                    return  # torn: a node's part never came (gather said so)
+                files, tier, source = group.union(files, parts, tier, source)
             name = checkpoint_dir_name(found.step, self.attempt)
             manifest = store_files(self.store, self.job_id, name, files, CheckpointManifest(
-                job_id=self.job_id, step=found.step, tier=tier, files={}, format=shards_format(found),
+                job_id=self.job_id, step=found.step, tier=tier, files={}, format=shards_format(found, files),
                 parent=self._parent, created_at=datetime.now(timezone.utc).isoformat(), attempt=self.attempt,
                 meta={"layout": found.layout, "name": found.name, "format": "command",
                       "metrics": {k: v for k, v in [("train/loss", self._train_loss(found.step))] if v is not None}}))
@@ -213,12 +218,15 @@ class CommandRun:
         except (OSError, StoreError) as exc:  # the script's files, not ours: logged, the run goes on
             print(f"orbit agent: checkpoint {found.name} (step {found.step}) was not stored: {exc}", flush=True)
             return
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        if self.group is not None:
+            group.drop_parts(self.store, self.job_id, self.attempt, found.step, self.group)
         parent, self._parent = self._parent, uri
         self.events.emit(Checkpoint(
             step=found.step, tier=tier, uri=uri, sha256=manifest.digest, bytes=manifest.total_bytes,
             attempt=self.attempt, parent=parent, train_loss=self._train_loss(found.step),
-            write_seconds=round(time.perf_counter() - began, 6),
-            source=self.notices.source if tier == "emergency" else None))
+            write_seconds=round(time.perf_counter() - began, 6), source=source))
         decided = self.schedule.after_save(found.step) if tier == "durable" else None
         if decided is not None:
             self.events.emit(decided)
@@ -306,8 +314,12 @@ class CommandRun:
             pass
         proc = self.proc
         if proc is not None and proc.poll() is None:
+            sig = getattr(signal, self.template.get("stop_signal", "SIGTERM"))
             try:
-                proc.send_signal(getattr(signal, self.template.get("stop_signal", "SIGTERM")))
+                if self.group is not None:  # the ranks here, not torchrun: see runtime/group.py
+                    group.signal_ranks(proc, sig)
+                else:
+                    proc.send_signal(sig)
             except ProcessLookupError:
                 pass
 
@@ -349,8 +361,10 @@ class CommandRun:
         finally:
             self.kill()
         self._stopped.set()
-        for t in threads + ([watch] if watch else []):
+        for t in threads:
             t.join(10)  # a child of the script may hold the pipes open: never wait for ever
+        if watch:  # node 0 of a group may be waiting for the other nodes' parts of a checkpoint
+            watch.join(10 + (self.group.wait_s if self.group is not None else 0))
         self._outbox.put(None)
         emitter.join()
         if self.kind == "train":
@@ -386,19 +400,9 @@ class CommandRun:
         process_tree.kill_tagged(process_tree.RUN_TAG, self.tag)
 
     def collect(self) -> None:
-        """`kind: collect`: what the script wrote under the checkpoint directory, stored as one
-        artifact set (not a checkpoint: nothing resumes from it, nothing evaluates it) and
-        listed in the attempt's artifacts as `collected.json`."""
-        files = {str(f.relative_to(self.checkpoint_dir)): f
-                 for f in sorted(self.checkpoint_dir.rglob("*")) if f.is_file()}
-        manifest = CheckpointManifest(job_id=self.job_id, step=self.last_step or 0, tier="artifact", files={},
-                                      created_at=datetime.now(timezone.utc).isoformat(), attempt=self.attempt,
-                                      meta={"format": "command", "layout": "dir", "name": "collected"})
-        name = f"collected-a{self.attempt}"
-        manifest = store_files(self.store, self.job_id, name, files, manifest) if files else manifest
-        uri = self.store.uri_for(self.job_id, name) if files else None
-        record = {"uri": uri, "sha256": manifest.digest if files else None, "files": manifest.files}
-        (self.workdir / "artifacts" / "collected.json").write_text(json.dumps(record, indent=1))
+        """`kind: collect`: what the script wrote, stored as one artifact set (runtime/files.py)."""
+        collect_files(self.store, self.job_id, self.attempt, self.checkpoint_dir, self.last_step,
+                      self.workdir / "artifacts" / "collected.json")
 
 
 def is_command(template: dict, task: str) -> bool:

@@ -52,10 +52,13 @@ class Found:
         return self.path.name
 
 
-def shards_format(found: Found) -> str:
+def shards_format(found: Found, files: dict[str, Path] | None = None) -> str:
     """What a checkpoint's files are, for its manifest: `dcp` for a torch.distributed.checkpoint
-    directory (shards loadable into another world size, docs/bring-your-own.md), else `files`."""
-    return "dcp" if found.layout == "dir" and (found.path / DCP_METADATA).is_file() else "files"
+    directory (shards loadable into another world size, docs/bring-your-own.md), else `files`.
+    `files`: what it holds when it is more than the directory found (a group's nodes' parts)."""
+    if found.layout != "dir":
+        return "files"
+    return "dcp" if (DCP_METADATA in files if files is not None else (found.path / DCP_METADATA).is_file()) else "files"
 
 
 def compile_pattern(pattern: str | None) -> re.Pattern:
@@ -85,8 +88,12 @@ def fingerprint(path: Path) -> Fingerprint | None:
 class CheckpointWatcher:
     def __init__(self, directory: Path, *, pattern: str | None = None, complete_marker: str | None = None,
                  settle_seconds: float = 2.0, clock: Callable[[], float] = time.monotonic,
-                 log: Callable[[str], None] = lambda msg: print(f"orbit agent: {msg}", flush=True)):
+                 log: Callable[[str], None] = lambda msg: print(f"orbit agent: {msg}", flush=True),
+                 metadata_elsewhere: bool = False):
         self.directory = Path(directory)
+        # One node of a group: its DCP directories hold its own ranks' shards, the `.metadata` may
+        # be on another node's (runtime/group.py), so settled is complete here.
+        self.metadata_elsewhere = metadata_elsewhere
         self.pattern = compile_pattern(pattern)
         self.marker = complete_marker
         self.settle_seconds = float(settle_seconds)
@@ -107,7 +114,8 @@ class CheckpointWatcher:
         return int(m.group("step"))
 
     def _marked(self, path: Path) -> bool:
-        if path.is_dir() and not (path / DCP_METADATA).is_file() and any(path.glob(f"*{DCP_SHARD}")):
+        if (path.is_dir() and not self.metadata_elsewhere and not (path / DCP_METADATA).is_file()
+                and any(path.glob(f"*{DCP_SHARD}"))):
             # torch.distributed.checkpoint shards without their metadata: the coordinator
             # writes `.metadata` once every rank's shards are written; until then, torn.
             return False

@@ -82,6 +82,20 @@ def parse_checkpoint_dir(name: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+# One node's part of a group's checkpoint (runtime/group.py): stored beside the checkpoint's name
+# until node 0 has put the checkpoint together, then deleted; never a checkpoint itself.
+PART_DIR = re.compile(r"^step-(\d{9})-a(\d+)\.node(\d+)$")
+
+
+def checkpoint_part_name(step: int, attempt: int, node_rank: int) -> str:
+    return f"{checkpoint_dir_name(step, attempt)}.node{int(node_rank)}"
+
+
+def deletable(name: str) -> bool:
+    """A checkpoint's directory, or a group node's part of one: what a store deletes by name."""
+    return parse_checkpoint_dir(name) is not None or PART_DIR.match(name) is not None
+
+
 def check_name(kind: str, value: str) -> str:
     """A job id or checkpoint name used as one path component: no '/', '..' or leading dot."""
     if not isinstance(value, str) or not NAME.match(value) or ".." in value:

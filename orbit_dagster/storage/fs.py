@@ -28,6 +28,7 @@ from .base import (
     StoreError,
     check_name,
     check_rel,
+    deletable,
     parse_checkpoint_dir,
 )
 
@@ -254,7 +255,7 @@ class FsStore:
 
     def delete(self, uri: str) -> bool:
         path = _path_of(uri)
-        if parse_checkpoint_dir(path.name) is None:
+        if not deletable(path.name):
             raise StoreError(f"{uri} is not a checkpoint directory; fix: delete checkpoints by the uri the ledger holds")
         if not path.exists():
             return False

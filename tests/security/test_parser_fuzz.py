@@ -310,8 +310,14 @@ def test_host_event_lines_never_kill_the_run_following_the_attempt(tmp_path_fact
             return ev
 
     class Handle:
+        nodes = ()  # a single instance (a group's other nodes: RunHandle.nodes)
+
         class instance:
             instance_id = "sim-fuzz"
+
+        @property
+        def members(self):
+            return (self,)
 
     home = tmp_path_factory.mktemp("events") / "orbit-home"
     settings = Settings.from_env(home)

@@ -25,10 +25,10 @@ from typing import Any
 from ...catalog import as_utc
 from ...catalog.aws import SpotPrice
 from ...core.errors import NetworkError, ProviderError, ResourceNotFound
-from ...core.execution import Resources
+from ...core.execution import MAX_NODES, Resources
 from ...core.host_contract import Checkpoint, Entry
 from ...core.offers import Offer
-from ..base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
+from ..base import RENDEZVOUS_PORT, InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
 from ..jsonfiles import read_json, write_json
 from .bootstrap import Bootstrap, new_ed25519, opens_to_everyone, user_data
 from .ec2 import Ec2Api
@@ -45,6 +45,7 @@ RETIRE_AFTER_S = 86400.0  # an instance stopped this long ago leaves the SSH inv
 
 class AwsSpotProvider:
     name = "aws"
+    relaunch = False  # a lease runs one workload: a group's survivors are rented anew
     notice_seconds = 120.0  # AWS's two-minute spot interruption warning
 
     def __init__(self, *, region: str, endpoint_url: str | None = None, state_dir: Path, session: Any = None,
@@ -93,6 +94,11 @@ class AwsSpotProvider:
 
     def price_feed(self, since: datetime | None = None, offer_ids: list[str] | None = None) -> list[PriceTick]:
         return self.catalog.price_feed(since, offer_ids)
+
+    def group_offers(self, offer: Offer, count: int) -> list[Offer]:
+        """A zonal offer's instances land in its zone (EC2 says at launch whether it has room); a
+        regional one could land in several zones, so it holds a group of one."""
+        return [offer] * min(count, MAX_NODES if offer.zone else 1)
 
     def find_instances(self, tags: dict[str, str], states: tuple[str, ...] = ("pending", "running")) -> list[dict]:
         return self.api.find_instances(tags, states)
@@ -180,6 +186,7 @@ class AwsSpotProvider:
         self._remember(iid, launched_at=started.timestamp())
         return InstanceHandle(provider=self.name, instance_id=iid, offer=offer, started_at=started, gpu_slots=slots,
                               address={**address, "region": self.region, "spot_request_id": request_id,
+                                       "private_ip": inst.get("PrivateIpAddress"),
                                        "zone": (inst.get("Placement") or {}).get("AvailabilityZone", ""),
                                        "spot_api": self.spot_api, "key_name": access.key_name})
 
@@ -253,6 +260,11 @@ class AwsSpotProvider:
                 env.setdefault("AWS_ENDPOINT_URL_S3", self.s3_endpoint_url)
         run = self.transport.launch(instance, bundle_dir, spec.model_copy(update={"env": env, "secret_env": secret}))
         return run.model_copy(update={"provider": self.name})
+
+    def rendezvous_endpoint(self, instance: InstanceHandle) -> str:
+        """The instance's private address (a group's nodes share its zone and VPC) and torchrun's
+        default c10d port; the security group must let the group's nodes reach each other there."""
+        return f"{instance.address.get('private_ip') or instance.address['hostname']}:{RENDEZVOUS_PORT}"
 
     def status(self, run: RunHandle) -> RunStatus:
         """The host's view while EC2 says the instance runs; `lost` once EC2 has ended it."""

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ...core.host_contract import EVENTS_FILE, STEP_EVENTS, read_file
 from ...core.process_tree import HOST_TAG, kill_tagged
+from ..jsonfiles import read_json as _read_json
 from ..jsonfiles import write_json
 
 TICK_S = 0.05
@@ -41,10 +42,14 @@ class Host:
         self.work = root / "work"
         self.work.mkdir(exist_ok=True)
         self.child: subprocess.Popen | None = None
+        self.launched = 0  # the `seq` of the last workload started (a kept node takes several)
+        self.cwd = ""
+        self._log = None
         self.started_at = time.time()
         self.notice_at: float | None = None
         self.reclaim_step: tuple[int, float] | None = None  # (training step, notice seconds)
-        self._events_offset = 0
+        self._progress_files: list[Path] = []  # whose steps count (a group's nodes'); default its own
+        self._events_offsets: dict[Path, int] = {}
         reclaim_at = self.spec.get("reclaim_at")
         self.reclaim_at: float | None = float(reclaim_at) if reclaim_at is not None else None
         if self.reclaim_at is not None:
@@ -103,26 +108,37 @@ class Host:
 
     def maybe_launch(self) -> None:
         req = self.root / "launch.json"
-        if self.child is not None or not req.exists():
+        if not req.exists() or self.child is not None and self.child.poll() is None:
             return
         launch = json.loads(req.read_text())
+        if self.child is not None:  # the last workload ended: a new one only when asked for (a kept node)
+            ended = (_read_json(self.root / "child_exit.json") or {}).get("seq")
+            if int(launch.get("seq", 1)) <= self.launched or ended != self.launched:
+                return
+        self.launched = int(launch.get("seq", 1))
         env = {k: v for k, v in os.environ.items() if k in set(launch.get("forward_env", []))}
         env.update(launch["env"])
         env["PATH"] = os.environ.get("PATH", "")
         env[HOST_TAG] = str(self.root)  # inherited by everything the agent starts (core/process_tree.py)
-        log = open(self.work / "agent.log", "ab")
+        self.cwd = launch["cwd"]
+        if self._log is not None:
+            self._log.close()
+        self._log = open(Path(launch["cwd"]) / "agent.log", "ab")
         self.child = subprocess.Popen(  # argv list, never a shell string
-            launch["argv"], cwd=launch["cwd"], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        )
-        write_json(self.root / "child.json", {"pid": self.child.pid, "launched_at": time.time()})
+            launch["argv"], cwd=launch["cwd"], env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL)
+        write_json(self.root / "child.json", {"pid": self.child.pid, "launched_at": time.time(), "cwd": launch["cwd"],
+                                              "seq": self.launched})
 
     def reap(self) -> None:
-        if self.child is not None and self.child.poll() is not None and not (self.root / "child_exit.json").exists():
+        if self.child is not None and self.child.poll() is not None and (
+                _read_json(self.root / "child_exit.json") or {}).get("seq", 0) != self.launched:
             # The agent is gone: so is everything it started (a rank in its own session, a
             # script whose agent was killed), as on a machine whose workload ended.
             kill_tagged(HOST_TAG, str(self.root))
             try:
-                write_json(self.root / "child_exit.json", {"returncode": self.child.returncode, "at": time.time()})
+                write_json(self.root / "child_exit.json", {"returncode": self.child.returncode, "at": time.time(),
+                                                           "cwd": self.cwd, "seq": self.launched})
             except OSError:  # a full disk: tried again at the next tick
                 (self.root / f"child_exit.json.tmp{os.getpid()}").unlink(missing_ok=True)
 
@@ -157,6 +173,7 @@ class Host:
         notice = float(spec.get("notice_seconds", self.spec.get("notice_seconds", 120)))
         if "at_step" in spec:  # when the workload reaches a step: see maybe_reclaim_at_step
             self.reclaim_step = (int(spec["at_step"]), notice)
+            self._progress_files = [Path(f) for f in spec.get("progress_files", [])]
         else:
             self._reclaim(float(spec["reclaim_at"]), notice)
         req.rename(self.root / f"reclaim-applied-{time.time_ns()}.json")
@@ -171,17 +188,18 @@ class Host:
         stream shows the step (read incrementally, every tick)."""
         if self.reclaim_step is None:
             return
-        try:  # a line still being written waits for the next tick
-            entries, self._events_offset = read_file(self.work / "artifacts" / EVENTS_FILE, self._events_offset)
-        except OSError:
-            return
         step, notice = self.reclaim_step
-        for ev in entries:
-            if isinstance(ev, STEP_EVENTS) and ev.step >= step:
-                now = time.time()
-                self._reclaim(now + notice, notice)
-                self.reclaim_step = None
-                return
+        for path in self._progress_files or [self.work / "artifacts" / EVENTS_FILE]:
+            try:  # a line still being written waits for the next tick
+                entries, self._events_offsets[path] = read_file(path, self._events_offsets.get(path, 0))
+            except OSError:
+                continue
+            for ev in entries:
+                if isinstance(ev, STEP_EVENTS) and ev.step >= step:
+                    now = time.time()
+                    self._reclaim(now + notice, notice)
+                    self.reclaim_step = None
+                    return
 
     def run(self) -> None:
         port = self.serve_metadata()

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ from typing import Protocol
 
 from ...catalog.gce import gce_offers
 from ...core.errors import NoCapacity, ResourceNotFound
-from ...core.execution import Resources
+from ...core.execution import MAX_NODES, Resources
 from ...core.host_contract import Checkpoint, Entry
 from ...core.offers import Offer
 from ...core.process_tree import HOST_TAG, kill_tagged
@@ -78,6 +79,9 @@ def default_offers() -> tuple[Offer, ...]:
 
 class SimProvider:
     name = "sim"
+    # An instance takes another workload once its last one ended: a group's surviving nodes go
+    # on into the next attempt (control/group_recovery.py).
+    relaunch = True
 
     def __init__(
         self,
@@ -104,6 +108,10 @@ class SimProvider:
         if resources is not None:
             offers = [o for o in offers if offer_fits(o, resources)]
         return offers
+
+    def group_offers(self, offer: Offer, count: int) -> list[Offer]:
+        # The embedded market's zones have room for any group (its traces decide reclaims).
+        return [offer] * min(count, MAX_NODES)
 
     # ---- instances ----------------------------------------------------------------
     def _dir(self, instance_id: str) -> Path:
@@ -213,15 +221,18 @@ class SimProvider:
             pass
 
     def inject_reclaim(self, instance: InstanceHandle, *, in_seconds: float | None = None,
-                       notice_seconds: float | None = None, at_step: int | None = None) -> None:
+                       notice_seconds: float | None = None, at_step: int | None = None,
+                       progress_of: list[RunHandle] | None = None) -> None:
         """Schedule a reclaim (the market operator's override): `in_seconds` from now, or, with
-        `at_step`, once the workload on the instance has reported that training step (the
-        notice then, the reclaim `notice_seconds` later): the same story on a fast or a slow
-        machine."""
+        `at_step`, once the workload on the instance (on any of `progress_of`'s instances: a
+        group's nodes) has reported that training step (the notice then, the reclaim
+        `notice_seconds` later): the same story on a fast or a slow machine."""
         if (in_seconds is None) == (at_step is None):
             raise ValueError("inject_reclaim takes in_seconds or at_step")
         spec = {"notice_seconds": notice_seconds or self.notice_seconds}
         spec.update({"at_step": int(at_step)} if at_step is not None else {"reclaim_at": time.time() + in_seconds})
+        if progress_of:
+            spec["progress_files"] = [str(Path(r.run_ref) / "artifacts" / "events.jsonl") for r in progress_of]
         write_json(self._dir(instance.instance_id) / "reclaim.json", spec)
 
     def notices(self, instance: InstanceHandle) -> list[Notice]:
@@ -240,9 +251,16 @@ class SimProvider:
     # ---- workloads ----------------------------------------------------------------
     def launch(self, instance: InstanceHandle, bundle_dir: Path, spec: LaunchSpec) -> RunHandle:
         d = self._dir(instance.instance_id)
-        work = d / "work"
+        work, seq = d / "work", 1
         if (d / "launch.json").exists():
-            raise NoCapacity(f"sim instance {instance.instance_id} already runs a workload", provider=self.name, retryable=False)
+            # Another workload on a kept instance once the last one ended, in a workspace of its own.
+            last = _read_json(d / "launch.json") or {}
+            if _read_json(d / "child_exit.json") is None or (_read_json(d / "child_exit.json") or {}).get(
+                    "seq", 1) != last.get("seq", 1):
+                raise NoCapacity(f"sim instance {instance.instance_id} already runs a workload", provider=self.name,
+                                 retryable=False)
+            seq = int(last.get("seq", 1)) + 1
+            work = d / "work" / f"launch-{seq}"
         staged = work / "bundle"
         shutil.copytree(bundle_dir, staged, ignore=shutil.ignore_patterns("artifacts"))
         (staged / "artifacts").mkdir(exist_ok=True)
@@ -255,7 +273,8 @@ class SimProvider:
             "PYTHONUNBUFFERED": "1",
             **spec.env,
         }
-        write_json(d / "launch.json", {"argv": argv, "cwd": str(work), "env": env, "forward_env": list(spec.secret_env)})
+        write_json(d / "launch.json", {"argv": argv, "cwd": str(work), "env": env, "forward_env": list(spec.secret_env),
+                                       "seq": seq})
         return RunHandle(
             provider=self.name,
             instance=instance,
@@ -265,11 +284,21 @@ class SimProvider:
             launched_at=datetime.now(timezone.utc),
         )
 
+    def rendezvous_endpoint(self, instance: InstanceHandle) -> str:  # noqa: ARG002
+        # Every sim host is this machine: a port free here now (the OS's pick), on loopback.
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return f"127.0.0.1:{s.getsockname()[1]}"
+
     def status(self, run: RunHandle) -> RunStatus:
         d = self._dir(run.instance.instance_id)
         state = self.host_state(run.instance.instance_id)
         exit_info = _read_json(Path(run.run_ref) / "artifacts" / "exit.json")
         child_exit = _read_json(d / "child_exit.json")
+        if child_exit is not None and child_exit.get("cwd", run.run_ref) != run.run_ref:
+            child_exit = None  # an earlier workload's, on a kept instance
+        child = _read_json(d / "child.json")
+        started = child is not None and child.get("cwd", run.run_ref) == run.run_ref
         if state.get("status") in ("reclaiming", "reclaimed"):
             return RunStatus(state="lost", failure_class="reclaim", reason="spot instance reclaimed")
         if child_exit is not None or exit_info is not None:
@@ -291,7 +320,7 @@ class SimProvider:
         if not self.instance_alive(run.instance):
             self._sweep(run.instance.instance_id, state)  # before anyone scans its store: nothing more lands
             return RunStatus(state="lost", failure_class="reclaim", reason=state.get("reason") or "host lost (no heartbeat)")
-        return RunStatus(state="running" if (d / "child.json").exists() else "starting")
+        return RunStatus(state="running" if started else "starting")
 
     def read_events(self, run: RunHandle, offset: int) -> tuple[list[Entry], int]:
         return read_event_file(Path(run.run_ref) / "artifacts" / "events.jsonl", offset)

@@ -126,6 +126,11 @@ class SshHost(BaseModel):
         return self.gpus.count >= r.gpu_count and memory >= r.gpu_memory_gb
 
 
+def shape(host: SshHost) -> tuple[str, int, str]:
+    """What makes hosts interchangeable nodes of one group: GPU model and count, and region."""
+    return host.gpus.model.lower(), host.gpus.count, host.region
+
+
 class Inventory(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -138,6 +143,16 @@ class Inventory(BaseModel):
         if dupes:
             raise ValueError(f"host names must be unique; repeated: {', '.join(dupes)}")
         return self
+
+    def group_of(self, first: SshHost, resources: Resources | None = None) -> list[SshHost]:
+        """The hosts that may form a group with `first` (itself first): the same GPU model and
+        count in the same region (one shape in one zone), each fitting `resources`."""
+        return [first] + [h for h in self.hosts if h.name != first.name and shape(h) == shape(first)
+                          and (resources is None or h.fits(resources))]
+
+    def largest_group(self, resources: Resources) -> int:
+        """The most hosts of one shape in one region that fit `resources`: the largest group."""
+        return max((len(self.group_of(h, resources)) for h in self.hosts if h.fits(resources)), default=0)
 
     def host(self, name: str) -> SshHost:
         for h in self.hosts:

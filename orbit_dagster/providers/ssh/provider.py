@@ -29,7 +29,7 @@ from ...core.execution import Resources
 from ...core.host_contract import EVENTS_FILE, READ_MAX, Checkpoint, Entry, read_chunk
 from ...core.offers import Offer
 from ...settings import secrets as forwarded_secrets
-from ..base import InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
+from ..base import RENDEZVOUS_PORT, InstanceHandle, InstanceTimes, LaunchSpec, Notice, PriceTick, RunHandle, RunStatus
 from ..common import agent_argv
 from ..jsonfiles import read_json as _read_json
 from ..jsonfiles import write_json as _write_json
@@ -99,6 +99,7 @@ def run_status(snap: dict) -> RunStatus:
 
 class SshProvider:
     name = "ssh"
+    relaunch = False  # a lease runs one workload: a group's survivors are rented anew
     notice_seconds = 0.0  # a rental box gives no reclaim notice
 
     def __init__(self, inventory_path: Path, *, state_dir: Path, unreachable_grace_s: float = 60.0,
@@ -132,6 +133,15 @@ class SshProvider:
         if resources is None:
             return [h.offer() for h in hosts]
         return [h.offer(resources.gpu_count) for h in hosts if h.fits(resources)]
+
+    def group_offers(self, offer: Offer, count: int) -> list[Offer]:
+        """A group's nodes are distinct hosts of the offer's host's shape and region, one lease each
+        of the offer's GPU count (the inventory's order after the offer's own host)."""
+        try:
+            hosts = self.inventory.group_of(self.inventory.host(offer.offer_id.split(":", 1)[-1]))
+        except InventoryError:
+            return []
+        return [h.offer(offer.gpu_count) for h in hosts[:count]]
 
     def provision(self, offer: Offer, *, tags: dict[str, str], instance_id: str | None = None) -> InstanceHandle:
         """A lease of the offer's slots; `instance_id` names it (the aws provider uses the EC2 id)."""
@@ -268,6 +278,11 @@ class SshProvider:
                              fix="provision a new lease for this workload")
         return RunHandle(provider=self.name, instance=instance, run_ref=run_dir, task=spec.task, attempt=spec.attempt,
                          launched_at=_ts(prev.get("launched_at") or time.time()))
+
+    def rendezvous_endpoint(self, instance: InstanceHandle) -> str:
+        """The inventory's address of the host (the one orbit reaches it at; a group's hosts share
+        a region and a network) and torchrun's default c10d port."""
+        return f"{self._host(instance).host}:{RENDEZVOUS_PORT}"
 
     # ---- following a run ----------------------------------------------------------
     def status(self, run: RunHandle) -> RunStatus:

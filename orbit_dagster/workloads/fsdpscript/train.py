@@ -3,16 +3,27 @@ directories, launched by torchrun or as one plain process (no orbit import).
 
     torchrun --standalone --nproc_per_node 2 train.py --output_dir out --steps 200
     python train.py --output_dir out --resume_from out/ckpt_100 --steps 200   # 2 ranks' save, 1 process
+    torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST:PORT train.py ...  # 2 hosts
 
 Under torchrun every rank holds a shard of each parameter and of the optimiser state
 (`fully_shard`) and saves only its shard: `ckpt_<step>/` holds one `__<rank>_0.distcp` per
 rank and `.metadata`, which rank 0 writes last. A checkpoint is written under
-`.tmp-ckpt_<step>` and renamed into place by rank 0 once complete, so a watcher never sees
-half of one. Periodic saves are asynchronous (`dcp.async_save`: the state is staged into host
+`.tmp-ckpt_<step>` and renamed into place once complete, so a watcher never sees half of
+one: on several hosts each holds its own ranks' shards (rank 0's host the `.metadata` too),
+so the first rank of each host renames its host's directory (a DCP save returns on every
+rank only once every shard and the metadata are written). Periodic saves are asynchronous (`dcp.async_save`: the state is staged into host
 memory, then written by a thread while training goes on, on a process group of its own);
 the save on a stop (SIGTERM, agreed by all ranks at a step boundary) and the last one are
 synchronous. `--resume_from` loads a checkpoint written by any number of ranks into this
 run's layout (DCP reshards on load), one plain process included.
+
+`--batch` is the step's global batch, whatever the number of ranks: each rank takes its
+share of it. `--micro_batch M` bounds what one rank puts through the model at once: a share
+larger than M is split into micro-batches whose gradients accumulate (each loss weighted by
+its part of the share) before the step, so fewer ranks (an elastic job resumed on fewer
+hosts) take more micro-batches each and train on the same global batch, the same
+optimisation problem (the sums round differently). Rank 0 prints the world size and the
+accumulation it runs with, as metrics at the step it starts from.
 
 `--reference_dir DIR` also writes, at every save and right after a resume, the whole state
 (every shard gathered) as `DIR/full_<step>.pt` from rank 0: what a test compares a
@@ -77,17 +88,17 @@ def write_reference(directory: str, step: int, state: dict, rank: int) -> None:
 
 
 class Saver:
-    """One save in flight at a time; a finished one renamed into place by rank 0."""
+    """One save in flight at a time; a finished one renamed into place by each host's first rank."""
 
-    def __init__(self, out: str, rank: int, distributed: bool):
-        self.out, self.rank, self.distributed = out, rank, distributed
+    def __init__(self, out: str, local_rank: int, distributed: bool):
+        self.out, self.local_rank, self.distributed = out, local_rank, distributed
         # Async saves talk between ranks from a background thread: on a group of their own,
         # never interleaved with the training's collectives on the default group.
         self.group = dist.new_group(backend="gloo") if distributed else None
         self.pending = None
 
     def _publish(self, step: int) -> None:
-        if self.rank == 0:
+        if self.local_rank == 0:
             os.replace(os.path.join(self.out, f".tmp-ckpt_{step}"), os.path.join(self.out, f"ckpt_{step}"))
 
     def wait(self) -> None:
@@ -113,7 +124,9 @@ def main() -> None:
     p.add_argument("--resume_from", default="")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--save_every", type=int, default=50)
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--batch", type=int, default=64, help="the step's global batch, over every rank")
+    p.add_argument("--micro_batch", type=int, default=0, help="most samples one rank puts through at once "
+                   "(0: its whole share); more are accumulated")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--reference_dir", default="")
@@ -124,6 +137,10 @@ def main() -> None:
     if distributed:
         dist.init_process_group("gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    local_rank = int(os.environ.get("LOCAL_RANK", 0)) if distributed else 0
+    share = len(range(rank, args.batch, world))  # this rank's rows of the global batch
+    micro = args.micro_batch or share
+    accum = -(-share // micro)
     torch.set_num_threads(1)
     model, opt = build(args.seed, args.lr, distributed)
     start = 0
@@ -135,13 +152,18 @@ def main() -> None:
         if args.reference_dir:
             write_reference(args.reference_dir, start, state_of(model, opt, start), rank)
     os.makedirs(args.output_dir, exist_ok=True)
-    saver = Saver(args.output_dir, rank, distributed)
+    saver = Saver(args.output_dir, local_rank, distributed)
     loss_fn = torch.nn.BCEWithLogitsLoss()
+    if rank == 0:
+        print(json.dumps({"step": start, "world_size": world, "grad_accum": accum}), flush=True)
     for step in range(start + 1, args.steps + 1):
         x, y = batch(args.seed, step, args.batch, rank, world)
         opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
+        loss = torch.zeros(())
+        for i in range(0, share, micro):  # the mean over the share: each micro-batch weighted by its size
+            part = loss_fn(model(x[i:i + micro]), y[i:i + micro]) * (len(x[i:i + micro]) / share)
+            part.backward()
+            loss += part.detach()
         opt.step()
         flag = torch.tensor([1 if stop else 0])
         if distributed:

@@ -18,8 +18,14 @@ class Host:
 
 
 class Handle:
+    nodes = ()  # a single instance (a group's other nodes: RunHandle.nodes)
+
     class instance:
         instance_id = "sim-unit"
+
+    @property
+    def members(self):
+        return (self,)
 
 
 @pytest.fixture

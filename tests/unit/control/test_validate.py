@@ -201,3 +201,37 @@ def test_a_template_error_is_raised_for_a_broken_template_file(settings, tmp_pat
     with pytest.raises(TemplateError) as err:
         validate_submission(settings, str(tmp_path / "bad.yaml"), {}, experiment="e", project="p")
     assert err.value.field == "config.steps"
+
+
+def group_inventory(tmp_path, monkeypatch, *hosts: tuple[str, str, int, str]):
+    """Hosts (name, GPU model, GPU count, region) on an inventory, and an S3 store configured."""
+    rows = [{"name": n, "host": "203.0.113.7", "user": "u", "key_file": "~/.ssh/k", "known_hosts": "~/.ssh/kh",
+             "gpus": {"model": m, "count": c}, "usd_per_hour": 3.0, "region": r} for n, m, c, r in hosts]
+    path = tmp_path / "ssh_hosts.yaml"
+    path.write_text(yaml.safe_dump({"hosts": rows}))
+    monkeypatch.setenv("ORBIT_SSH_HOSTS", str(path))
+    monkeypatch.setenv("ORBIT_S3_CHECKPOINT_STORE", "s3://bucket/prefix")
+    return Settings.from_env(tmp_path / "home")
+
+
+GROUP = {"placement": "ssh_rental", "resources.gpu": "L4", "checkpoint.store": "s3"}
+
+
+def test_a_group_needs_that_many_hosts_of_one_shape_in_one_region(tmp_path, monkeypatch):
+    s = group_inventory(tmp_path, monkeypatch, ("a", "L4", 1, "eu"), ("b", "L4", 1, "us"), ("c", "L4", 2, "eu"),
+                        ("d", "A100-80G", 1, "eu"))
+    with pytest.raises(NotServedHere) as err:  # no two hosts share model, count and region
+        submit_check(s, GROUP, template="fsdp-multinode")
+    assert (err.value.field, err.value.value) == ("resources.nodes", 2)
+    assert "at most 1 host of one shape in one region" in str(err.value) and "at most 1" in err.value.fix
+    s = group_inventory(tmp_path, monkeypatch, ("a", "L4", 1, "eu"), ("b", "L4", 1, "us"), ("e", "l4", 1, "eu"))
+    assert submit_check(s, GROUP, template="fsdp-multinode")[0].resources.nodes == 2
+    assert submit_check(s, {**GROUP, "resources.nodes": 1}, template="fsdp-multinode")[0].resources.nodes == 1
+
+
+def test_a_group_off_the_sim_market_needs_a_store_every_node_writes_into(tmp_path, monkeypatch):
+    s = group_inventory(tmp_path, monkeypatch, ("a", "L4", 1, "eu"), ("e", "L4", 1, "eu"))
+    with pytest.raises(InvalidOverride) as err:
+        submit_check(s, {**GROUP, "checkpoint.store": "fs"}, template="fsdp-multinode")
+    assert (err.value.field, err.value.value) == ("checkpoint.store", "fs") and "checkpoint.store: s3" in err.value.fix
+    assert submit_check(s, {}, template="fsdp-multinode")[0].checkpoint.store == "fs"  # sim hosts share the store

@@ -130,3 +130,13 @@ def test_after_a_kill_only_what_had_settled_counts(tmp_path):
     assert w.settle_after_exit(killed=True) == []
     clean = CheckpointWatcher(tmp_path, settle_seconds=30, log=lambda m: None)
     assert [f.step for f in clean.settle_after_exit(killed=False, recheck_s=0.05)] == [1]
+
+
+def test_a_node_of_a_group_takes_its_shards_without_the_metadata_another_node_holds(tmp_path):
+    w, clock, _ = watcher(tmp_path, metadata_elsewhere=True)
+    d = tmp_path / "ckpt_20"
+    d.mkdir()
+    (d / "__1_0.distcp").write_bytes(b"rank 1 shard")  # rank 0, and .metadata, are on another host
+    w.poll()
+    clock.now += 2.5
+    assert steps(w.poll()) == [("ckpt_20", 20, "dir")]
