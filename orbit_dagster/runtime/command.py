@@ -44,6 +44,7 @@ STDERR_TAIL_LINES = 50
 MAX_LINE = 1 << 20  # bytes of one line read at a time: a longer one is log output in pieces
 POLL_S = 0.25
 KILL_MARGIN_S = 1.0  # before a notice's deadline: the script is killed this early, the agent reports
+MTIME_MARGIN_S = 0.02  # a file's mtime may trail time.time() by a clock tick (see _after_notice)
 
 
 class CommandError(Exception):
@@ -194,13 +195,24 @@ class CommandRun:
             steps = [s for s in self._losses if s <= step]
             return self._losses[max(steps)] if steps else None
 
+    def _after_notice(self, files: dict[str, Path]) -> bool:
+        """Whether the script wrote this checkpoint after the notice came: a periodic save it
+        finished just before is registered after the notice (the watcher waits for files to
+        settle) but is a durable one. The kernel stamps mtimes from a coarse clock (a tick,
+        up to 10 ms, behind), hence the margin: a save written in the tick after the notice
+        is never taken for one written before it."""
+        if self._notice_at is None:
+            return False
+        written = max((f.stat().st_mtime for f in files.values()), default=time.time())
+        return written >= self._notice_at - MTIME_MARGIN_S
+
     def register(self, found: Found) -> None:
         began = time.perf_counter()
-        tier = "emergency" if self._notice_at is not None else "durable"
-        source = self.notices.source if tier == "emergency" else None
         staging = self.home / f"parts-{found.step}"
         try:
             files = self._files_of(found)
+            tier = "emergency" if self._after_notice(files) else "durable"
+            source = self.notices.source if tier == "emergency" else None
             if self.group is not None and self.group.node_rank > 0:  # its part; node 0 reports the checkpoint
                 return group.store_part(self.store, self.job_id, self.attempt, self.group, found, files, tier, source)
             if self.group is not None:
