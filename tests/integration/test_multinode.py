@@ -230,7 +230,8 @@ def test_elastic_go_on_on_the_survivors_resharded_with_the_same_global_batch(set
     loss = eval_loss(Path(final["uri"].removeprefix("file://")))
     report = (f"final eval/loss: elastic {NODES} -> 2 nodes {loss:.6f}, uninterrupted on {NODES} nodes "
               f"{reference['eval_loss']:.6f}")
-    print(report)
+    with capsys.disabled():  # shown, not read back as the next command's output
+        print(report)
     record_property("elastic_vs_uninterrupted", report)  # in the junit report too
     # The same optimisation problem, its sums rounded in another order: the same model quality,
     # not necessarily the same bits (the weights are compared bit for bit in the replace test).
@@ -247,9 +248,11 @@ def test_a_node_gone_without_notice_stops_the_group_at_once_and_its_waste_is_bil
     """Node 1's host vanishes (SIGKILL, no notice): the ranks of nodes 0 and 2 would wait in their
     all-reduce for ever; the group is ended at once, nodes 0 and 2 released (their ranks with
     them), and the job resumes on a group rented anew from the last durable checkpoint. The work
-    since that checkpoint is wasted on each node, each node's own line."""
+    since that checkpoint is wasted on each node, each node's own line. Three times the steps of
+    the other tests: the kill must land mid-training, and an idle machine runs 300 steps in
+    about 10 s, not much more than the control plane takes to see a checkpoint."""
     ledger = settings.ledger()
-    job = submit(capsys, {**CONFIG, **ELASTIC})
+    job = submit(capsys, {**CONFIG, **ELASTIC, "config.steps": 3 * STEPS})
     run_1 = R.run_id_for(job, 1)
     bg = Background(lambda: run_attempt(settings, job))
     wait_for(lambda: ledger.scalar("SELECT count(*) FROM checkpoints WHERE run_id = ?", [run_1]) >= 1, timeout=180,
@@ -267,8 +270,10 @@ def test_a_node_gone_without_notice_stops_the_group_at_once_and_its_waste_is_bil
     assert ledger.scalar("SELECT chosen FROM decisions WHERE job_id = ? AND kind = 'group_recovery'", [job]) == "regroup"
     for row in ledger.rows("SELECT instance_id FROM group_members WHERE run_id = ?", [run_1]):  # no rank left blocked
         assert tagged(HOST_TAG, str(settings.sim_dir.resolve() / "instances" / row["instance_id"])) == []
-    (durable,) = ledger.rows("SELECT checkpoint_key, step FROM checkpoints WHERE run_id = ?", [run_1])
-    assert durable["step"] == EVERY
+    # The last durable checkpoint before the kill; each node's part of any later one is dropped.
+    durable = ledger.one("SELECT checkpoint_key, step, tier FROM checkpoints WHERE run_id = ? ORDER BY step DESC "
+                         "LIMIT 1", [run_1])
+    assert durable["tier"] == "durable" and durable["step"] % EVERY == 0 and durable["step"] < 3 * STEPS
 
     second = run_attempt(settings, job)
     assert (second.state, second.attempt) == ("SUCCEEDED", 2)
