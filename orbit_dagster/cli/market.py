@@ -50,21 +50,26 @@ def offers(gpu: str | None, max_price: float | None, gpu_count: int, save_second
 @click.option("--restore-seconds", type=float, default=300.0, show_default=True)
 @click.option("--notice-miss-rate", type=float, default=0.0, show_default=True, help="share of notices lost")
 @click.option("--starts", type=int, default=8, show_default=True, help="jobs per trace, evenly spaced")
+@click.option("--group", is_flag=True, help="an N-node trace as a group: a reclaim of some nodes is decided by the "
+              "group policy (replace, shrink or regroup) as production decides it, not as the whole gang's")
+@click.option("--min-nodes", type=int, default=None, help="with --group: the template's elastic.min_nodes "
+              "(default: not elastic)")
 @click.option("--json", "as_json", is_flag=True)
 def simulate(trace: tuple[str, ...], policy: str | None, job_hours: float | None, deadline_hours: float | None, cloud: str | None,
              notice_seconds: float | None, save_seconds: float, restore_seconds: float, notice_miss_rate: float,
-             starts: int, as_json: bool) -> None:
+             starts: int, group: bool, min_nodes: int | None, as_json: bool) -> None:
     """Replay a spot trace through the policies the control plane uses (deterministic).
 
     The trace's cloud (its notice and prices) is --cloud, else the file's metadata.cloud; a trace
     with neither is refused. Only the shared data set's files are named by cloud (its SOURCES.md).
     Several --trace: one job over them as offers (dispatch's ranking, its avoided offers and
-    the price sensor's migration rule replayed; the orbit policy, no deadline)."""
+    the price sensor's migration rule replayed; the orbit policy, no deadline). --group: an
+    N-node trace's partial reclaims decided by the group policy (docs/multi-node.md)."""
     from .simulate import format_result_table, simulate_command
 
     result = simulate_command(trace, policy, job_hours, deadline_hours, notice_seconds, save_seconds=save_seconds,
                               restore_seconds=restore_seconds, notice_miss_rate=notice_miss_rate, starts=starts,
-                              cloud=cloud)
+                              cloud=cloud, group=group, min_nodes=min_nodes)
     click.echo(json.dumps(result, indent=2, sort_keys=True) if as_json else format_result_table(result))
 
 

@@ -6,15 +6,25 @@ from typing import Any
 
 from ..catalog.traces import load_trace
 from ..core.errors import OrbitError
-from ..policy.compare import DEFAULTS, simulate_offers, simulate_trace
+from ..policy.compare import DEFAULTS, simulate_group, simulate_offers, simulate_trace
 
 
 def simulate_command(trace_path: str | Path | tuple, policy: str | None = None, job_hours: float | None = None,
-                     deadline_hours: float | None = None, notice_seconds: float | None = None, **kw: Any) -> dict:
+                     deadline_hours: float | None = None, notice_seconds: float | None = None, *, group: bool = False,
+                     min_nodes: int | None = None, **kw: Any) -> dict:
     """What ``orbit simulate`` runs: load the trace, replay it, return the figures. Several
     traces are several offers of one job (``simulate_offers``: the orbit policy and dispatch's
-    and the price sensor's placement rules, no deadline)."""
+    and the price sensor's placement rules, no deadline). ``group`` (or ``min_nodes``, the
+    elastic floor): an N-node trace's partial reclaims decided by the group policy
+    (``simulate_group``)."""
     paths = [trace_path] if isinstance(trace_path, (str, Path)) else list(trace_path)
+    if group or min_nodes is not None:
+        if len(paths) > 1 or deadline_hours is not None or policy not in (None, "", "all", "orbit"):
+            raise OrbitError("--group replays one N-node trace with the orbit policy, no deadline", field="group",
+                             value=True, fix="pass one --trace, without --deadline-hours or another --policy")
+        kw.pop("seeds", None)
+        return simulate_group(load_trace(paths[0]), min_nodes=min_nodes, job_hours=DEFAULTS["job_hours"]
+                              if job_hours is None else job_hours, notice_seconds=notice_seconds, **kw)
     if len(paths) > 1:
         if deadline_hours is not None:
             raise OrbitError("--deadline-hours replays one trace", field="deadline_hours", value=deadline_hours,
@@ -38,6 +48,9 @@ _COLUMNS = {
     "offers": [("policy", "policy"), ("finished", "done"), ("overhead_gpu_hours", "overhead GPU-h"),
                ("overhead_usd", "overhead $"), ("cost_usd", "cost $"), ("reclaims", "reclaims"), ("moves", "moves"),
                ("avoided_dispatches", "avoided"), ("wall_hours", "wall h")],
+    "group": [("policy", "policy"), ("finished", "done"), ("overhead_gpu_hours", "overhead GPU-h"),
+              ("overhead_usd", "overhead $"), ("wasted_gpu_hours", "wasted GPU-h"), ("cost_usd", "cost $"),
+              ("wall_hours", "wall h"), ("reclaims", "reclaims")],
     "deadline": [("policy", "policy"), ("missed_deadlines", "missed"), ("goodput", "goodput"),
                  ("cost_usd", "cost $"), ("wasted_gpu_hours", "wasted GPU-h"), ("spot_hours", "spot h"),
                  ("on_demand_hours", "on-demand h"), ("gap_to_optimal_pct", "vs optimal %"),
@@ -57,6 +70,8 @@ def format_result_table(results: dict) -> str:
     """A plain-text table of one ``simulate_trace`` or ``simulate_offers`` result (means per job)."""
     if results["mode"] == "offers":
         return _offers_table(results)
+    if results["mode"] == "group":
+        return _group_table(results)
     cols = _COLUMNS[results["mode"]]
     head = (f"{results['trace']} ({results['kind']}, {results['gap_seconds']:g} s ticks): "
             f"{results['jobs'] if 'jobs' in results else results['starts']} jobs of {results['job_hours']:g} h"
@@ -93,3 +108,16 @@ def _offers_table(results: dict) -> str:
     offers = [f"  {o['offer']}: {o.get('instance_type') or 'unknown type'} x {o.get('nodes', 1)} "
               f"({o.get('cloud')} {o.get('zone') or ''}), notice {o['notice_seconds']:g} s" for o in results["offers"]]
     return "\n".join([head, *offers, *_rows(_COLUMNS["offers"], results)])
+
+
+def _group_table(results: dict) -> str:
+    mk = results["market"]
+    floor = results["min_nodes"]
+    head = (f"{results['trace']}: a group of {mk.get('nodes')} node(s), "
+            + (f"elastic down to {floor}" if floor is not None else "not elastic")
+            + f"; {results['starts']} jobs of {results['job_hours']:g} h, notice {results['notice_seconds']:g} s; "
+            "means per job")
+    decisions = [f"  job {d['job']} at {d['at_s']:.0f} s: {d['size']} -> lost {d['lost']}: {d['mode']}"
+                 + (f" (planned {d['planned']})" if d["planned"] != d["mode"] else "")
+                 + f", next {d['next_size']} node(s); {d['reason']}" for d in results["decisions"]]
+    return "\n".join([head, *_rows(_COLUMNS["group"], results), "decisions:", *(decisions or ["  none"])])

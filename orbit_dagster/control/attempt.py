@@ -386,6 +386,8 @@ def finish(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHa
     else:
         usd = release_group(settings, ledger, provider, handle, run_id=run_id, lost=final is JobState.LOST,
                             reason=f"attempt ended: {final.value}", **bill)
+    if monitor.group is not None:  # no node runs this attempt any more: a part left now is garbage
+        C.drop_group_parts(ledger, monitor.store_uri, job_id, attempt)
     reason = "migrated to a safer offer" if failure_class == "migration" else status.reason
     moved = R.transition(ledger, job_id, final, attempt=attempt, reason=reason, failure_class=failure_class,
                          detail={"exit_code": status.exit_code, "last_step": monitor.last_step},

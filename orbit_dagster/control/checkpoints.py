@@ -16,7 +16,7 @@ from ..core.host_contract import Checkpoint
 from ..ledger import Ledger, as_datetime, utcnow
 from ..ledger import records as R
 from ..storage import open_store, store_of
-from ..storage.base import StoreError, parse_checkpoint_dir
+from ..storage.base import PART_DIR, StoreError, parse_checkpoint_dir
 
 
 def row_from_event(ev: Checkpoint, *, job_id: str, run_id: str | None, lineage: str | None,
@@ -123,6 +123,27 @@ def scan_store(ledger: Ledger, store_uri: str, job_id: str, *, eval_suite: str |
         return []
     return register(ledger, rows, eval_suite=eval_suite, events=[R.event(
         "checkpoints_recovered_from_store", job_id=job_id, keys=[r["checkpoint_key"] for r in rows])])
+
+
+def drop_group_parts(ledger: Ledger, store_uri: str, job_id: str, attempt: int) -> list[str]:
+    """Delete the nodes' parts an ended attempt of a group left in the store: node 0 deletes
+    each part once it has put the checkpoint together, so what is left is a checkpoint some
+    node never saved its part of (a node lost without notice) or one node 0 was stopped
+    while gathering. Never a checkpoint: the names are the parts' own (storage PART_DIR)."""
+    store = open_store(store_uri)
+    dropped = []
+    for uri in store.parts(job_id):
+        m = PART_DIR.match(uri.rstrip("/").rsplit("/", 1)[-1])
+        if m and int(m.group(2)) == attempt:
+            try:
+                store.delete(uri)
+            except (OSError, StoreError):
+                continue  # tried again when the job's next attempt of a group ends; garbage, not data
+            dropped.append(uri)
+    if dropped:
+        with ledger.write() as tx:
+            tx.insert("events", [R.event("group_parts_dropped", job_id=job_id, attempt=attempt, uris=dropped)])
+    return dropped
 
 
 def _iso_ts(text: str) -> float | None:

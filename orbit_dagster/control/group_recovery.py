@@ -20,14 +20,13 @@ lost nodes, the group and the reason.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from datetime import datetime
 
 from ..core.errors import NoCapacity
 from ..core.templates import TaskTemplate
 from ..ledger import Ledger, utcnow
 from ..ledger import records as R
-from ..policy.group_recovery import GroupPlan, plan_group_recovery
+from ..policy.group_recovery import GroupPlan, plan_group_recovery, settle
 from ..providers.base import InstanceHandle, Provider, RunHandle
 from ..settings import Settings
 from .billing import carry_over, instance_row, release
@@ -43,13 +42,7 @@ def recover_group(settings: Settings, ledger: Ledger, provider: Provider, handle
     which ends them, and never kept."""
     run_id, next_run = R.run_id_for(job_id, attempt), R.run_id_for(job_id, attempt + 1)
     members, lost_nodes = handle.members, watch.lost_nodes
-    stuck = [r for r in range(len(members)) if r not in lost_nodes and r not in watch.exited]
-    plan = plan_group_recovery(nodes=template.resources.nodes, size=len(members), lost=sorted([*lost_nodes, *stuck]),
-                               min_nodes=template.elastic.min_nodes if template.elastic else None,
-                               can_keep=bool(getattr(provider, "relaunch", False)))
-    if stuck:
-        plan = replace(plan, reason=f"nodes {stuck} were still running when the group ended (they are released); "
-                                    + plan.reason, inputs={**plan.inputs, "lost": sorted(lost_nodes), "stuck": stuck})
+    plan = plan_group_recovery(**group_inputs(template, watch, size=len(members), provider=provider))
     decision_id = f"group_recovery:{run_id}"
     with ledger.write() as tx:  # the claim: one process carries the plan out
         claimed = tx.insert("decisions", [{"decision_id": decision_id, "job_id": job_id, "attempt": attempt,
@@ -71,36 +64,51 @@ def recover_group(settings: Settings, ledger: Ledger, provider: Provider, handle
     return usd
 
 
+def group_inputs(template: TaskTemplate, watch: GroupWatch, *, size: int, provider: Provider) -> dict:
+    """What production tells the policy about an ended group (the simulator's replay tells it the
+    same: policy/group_replay.py): the template's size and elastic floor, the ended group's size,
+    its lost ranks, the ranks still running when it ended (`stuck`), and whether the provider's
+    instances take another workload."""
+    lost = watch.lost_nodes
+    return {"nodes": template.resources.nodes, "size": size, "lost": lost,
+            "stuck": [r for r in range(size) if r not in lost and r not in watch.exited],
+            "min_nodes": template.elastic.min_nodes if template.elastic else None,
+            "can_keep": bool(getattr(provider, "relaunch", False))}
+
+
 def _carry_out(settings: Settings, ledger: Ledger, provider: Provider, members: tuple[RunHandle, ...],
                plan: GroupPlan, template: TaskTemplate, *, job_id: str, attempt: int,
                checkpoints: list[tuple[datetime, str]],
                last_progress: datetime | None) -> tuple[GroupPlan, list[InstanceHandle], float]:
     """Rent the replacements (first), then carry the survivors over; a plan that cannot be had
-    falls back (shrink if elastic allows, else regroup), saying so."""
+    falls back (shrink if elastic allows, else regroup), saying so (`policy.group_recovery.settle`)."""
     run_id, next_run = R.run_id_for(job_id, attempt), R.run_id_for(job_id, attempt + 1)
     keep = [members[r].instance for r in plan.keep]
-    if any(not provider.instance_alive(i) for i in keep):
-        plan = _fallback(plan, template, "a survivor was gone before it could be kept", shrink=False)
-        keep = []
     replacements: list[InstanceHandle] = []
-    if plan.mode == "replace" and plan.rent:
+
+    def rent(count: int) -> str | None:
         try:
-            for rank, offer in enumerate(provider.group_offers(keep[0].offer, len(keep) + plan.rent)[len(keep):],
+            for rank, offer in enumerate(provider.group_offers(keep[0].offer, len(keep) + count)[len(keep):],
                                          len(keep)):
                 replacements.append(provider.provision(offer, tags={"orbit/job": job_id,
                                                                     "orbit/attempt": str(attempt + 1),
                                                                     "orbit/node": str(rank),
                                                                     "orbit/replaces": run_id}))
-            if len(replacements) < plan.rent:
-                raise NoCapacity(f"the survivors' zone holds {len(replacements)} more node(s), not {plan.rent}",
+            if len(replacements) < count:
+                raise NoCapacity(f"the survivors' zone holds {len(replacements)} more node(s), not {count}",
                                  provider=provider.name)
         except NoCapacity as exc:
             for instance in replacements:  # all or none, as a group's rental
                 release(settings, ledger, provider, instance, job_id=job_id, run_id=next_run, attempt=attempt + 1,
                         checkpoints=[], lost=False, last_progress=None, reason=f"replacement not needed: {exc}"[:500])
-            replacements = []
-            plan = _fallback(plan, template, f"no replacement could be rented ({exc})", shrink=True)
-            keep = keep if plan.mode == "shrink" else []
+            replacements.clear()
+            return str(exc)
+        return None
+
+    floor = template.elastic.min_nodes if template.elastic else None
+    plan = settle(plan, nodes=template.resources.nodes, min_nodes=floor,
+                  survivors_up=all(provider.instance_alive(i) for i in keep), rent=rent)
+    keep = [members[r].instance for r in plan.keep]
     if replacements:
         ledger.commit({"instances": [instance_row(i, "train", job_id, next_run) for i in replacements]})
     usd = 0.0
@@ -110,16 +118,6 @@ def _carry_out(settings: Settings, ledger: Ledger, provider: Provider, members: 
     if plan.mode != "regroup":
         ledger.commit({"group_members": member_rows(keep + replacements, job_id=job_id, attempt=attempt + 1)})
     return plan, replacements, usd
-
-
-def _fallback(plan: GroupPlan, template: TaskTemplate, why: str, *, shrink: bool) -> GroupPlan:
-    """The plan when its own cannot be had: the survivors alone if the template's elastic floor
-    allows (`shrink`: they are all up), else a group rented anew."""
-    floor = template.elastic.min_nodes if template.elastic else None
-    if shrink and plan.mode == "replace" and floor is not None and len(plan.keep) >= floor:
-        return GroupPlan("shrink", plan.keep, 0, f"{why}: elastic, so it goes on on the {len(plan.keep)} survivor(s)",
-                         plan.inputs)
-    return GroupPlan("regroup", (), template.resources.nodes, f"{why}: a group is rented anew", plan.inputs)
 
 
 def _record(ledger: Ledger, plan: GroupPlan, members: tuple[RunHandle, ...], replacements: list[InstanceHandle], *,

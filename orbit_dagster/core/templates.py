@@ -231,7 +231,7 @@ class TaskTemplate(BaseModel):
     def _overrides_name_real_fields(cls, keys: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
         data = _plain(info.data)
         for key in keys:
-            if not _has_path(data, key):
+            if not _has_path(data, key) and not _in_a_section_set_to_null(data, key, keys):
                 raise ValueError(f"allow_overrides names {key!r}, which is not a field of this template")
         oom = info.data.get("oom_retry")
         for key in (oom.halve, oom.double) if oom else ():
@@ -281,6 +281,24 @@ def _has_path(data: dict, dotted: str) -> bool:
             return False
         node = node[part]
     return True
+
+
+def _in_a_section_set_to_null(data: dict, dotted: str, keys: tuple[str, ...]) -> bool:
+    """Whether `dotted` lies in a section that is null here and is itself overridable: a
+    submission that set `elastic` to null keeps `elastic.min_nodes` in its whitelist."""
+    parts = dotted.split(".")
+    for n in range(1, len(parts)):
+        section = ".".join(parts[:n])
+        if section in keys and _has_path(data, section) and _value_at(data, section) is None:
+            return True
+    return False
+
+
+def _value_at(data: dict, dotted: str) -> Any:
+    node: Any = data
+    for part in dotted.split("."):
+        node = node[part]
+    return node
 
 
 def _drop_path(data: dict, parts: list[str]) -> None:

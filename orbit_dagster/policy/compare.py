@@ -7,6 +7,8 @@ not decide a comparison. The replay is faithful to the trace (``catalog.trace_ma
 an N-node trace needs N instances, prices are the trace's instance type's, and the notice
 is the trace's cloud's unless ``notice_seconds`` says otherwise. The cloud is the trace's
 ``metadata.cloud`` or the caller's ``cloud``, never guessed from a file name.
+``simulate_group`` replays an N-node trace as a group whose partial reclaims the group policy
+decides (``policy.group_replay``).
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.policy.checkpointing import CHECKPOINT_STRATEGIES, make_strategy
 from orbit_dagster.policy.deadline import Greedy, UniformProgress, run_deadline, setup_from_trace
 from orbit_dagster.policy.deadline_plan import OrbitDeadline, optimal
+from orbit_dagster.policy.group_replay import replay_group
 from orbit_dagster.policy.offers_replay import TraceOffer, replay_offers
-from orbit_dagster.policy.simulate import JobParams, hindsight, replay_jobs, start_offsets, trace_mtbf_s
+from orbit_dagster.policy.simulate import JobParams, hindsight, replay, replay_jobs, start_offsets, trace_mtbf_s, warm_up
 
 #: The checkpoint policies ``orbit simulate`` reports by default (``none`` -- no checkpoint,
 #: no notice handling -- may still be asked for by name).
@@ -227,3 +230,48 @@ def simulate_offers(traces: list[Trace], *, job_hours: float = 24.0, notice_seco
             "assumptions": {"save_seconds": save_seconds, "restore_seconds": restore_seconds,
                             "notice": "given" if notice_seconds is not None else "each trace's cloud's"},
             "results": rows}
+
+
+def simulate_group(trace: Trace, *, min_nodes: int | None, job_hours: float = 24.0,
+                   notice_seconds: float | None = None, save_seconds: float = 60.0, restore_seconds: float = 300.0,
+                   starts: int = 8, notice_miss_rate: float = 0.0, cloud: str | None = None,
+                   model: ReclaimModel | None = None) -> dict[str, Any]:
+    """An N-node trace as a group of N nodes (``policy.group_replay``): each reclaim of some of its
+    nodes decided by the group policy production runs (``min_nodes``: the template's elastic
+    floor, None: not elastic), beside the gang replay (any drop stops the whole gang). The orbit
+    interval policy, warmed up on the trace's past as ``simulate_trace`` does; every decision listed."""
+    for name, v in (("job_hours", job_hours), ("save_seconds", save_seconds)):
+        _check_positive(name, v)
+    _check_positive("notice_seconds", notice_seconds, allow_zero=True)
+    _check_positive("restore_seconds", restore_seconds, allow_zero=True)
+    m = model or load_reclaim_model()
+    market = trace_market(trace, default_spot_usd_per_hour=m.spot_usd_per_hour,
+                          default_on_demand_usd_per_hour=m.on_demand_usd_per_hour, cloud=cloud)
+    if market.nodes < 2 or (min_nodes is not None and not 1 <= min_nodes <= market.nodes):
+        raise OrbitError(f"a group replay needs an N-node trace (this one holds {market.nodes}) and 1 <= min_nodes "
+                         f"<= N (min_nodes {min_nodes})", field="min_nodes", value=min_nodes,
+                         fix="pass a trace of a group of nodes, and --min-nodes between 1 and its node count")
+    notice = market.notice_s if notice_seconds is None else float(notice_seconds)
+    band = market.band if market.band is not None else 4
+    jobs = [JobParams(work_s=job_hours * 3600, save_s=save_seconds, restore_s=restore_seconds, notice_s=notice,
+                      start_s=s, nodes=market.nodes, gpus_per_node=max(market.gpus_per_node, 1),
+                      spot_usd_per_hour=market.spot_usd_per_hour, notice_miss_rate=notice_miss_rate)
+            for s in start_offsets(trace, starts)]
+    rows, decisions = [], []
+    for name, run in (("orbit, group policy", lambda st, j: replay_group(trace, st, j, min_nodes=min_nodes)),
+                      ("orbit, whole gang", lambda st, j: replay(trace, st, j))):
+        rs = []
+        for job in jobs:
+            strategy = make_strategy("orbit", model=m, band=band, save_s=job.save_s, notice_s=job.notice_s,
+                                     nodes=market.nodes)
+            warm_up(strategy, trace, job.start_s, job.nodes, job)
+            rs.append(run(strategy, job))
+        rows.append({"policy": name, **summarise(rs, market.gpus)})
+        if name.endswith("group policy"):
+            decisions = [{"job": i, **d} for i, r in enumerate(rs) for d in r.extra["group_decisions"]]
+    return {"mode": "group", "trace": trace.name, "kind": trace.kind, "gap_seconds": trace.gap_seconds,
+            "job_hours": job_hours, "starts": starts, "notice_seconds": notice, "min_nodes": min_nodes,
+            "notice_miss_rate": notice_miss_rate, "deadline_hours": None, "market": market.as_dict(),
+            "assumptions": {"save_seconds": save_seconds, "restore_seconds": restore_seconds,
+                            "notice": "given" if notice_seconds is not None else market.sources["notice"]},
+            "results": rows, "decisions": decisions}

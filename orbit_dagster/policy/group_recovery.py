@@ -13,10 +13,17 @@ between two ways on:
   `nodes` again, the checkpoint loaded into the same world size;
 - `regroup` (nothing survives, or the provider's instances cannot take another workload): a
   whole group is rented anew by the next attempt's dispatch.
+
+Two drivers ask it the same questions in the same order: production (`control/group_recovery.py`,
+after a group's attempt ended) and the simulator (`policy/group_replay.py`, at each drop of an
+N-node trace): `plan_group_recovery` from the template's size and floor, the ended group's size
+and its lost and stuck ranks; then `settle`, which carries the plan out as far as the market
+allows (survivors still up, replacements to be had) and falls back when it cannot.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -34,10 +41,21 @@ class GroupPlan:
 
 
 def plan_group_recovery(*, nodes: int, size: int, lost: list[int], min_nodes: int | None,
-                        can_keep: bool) -> GroupPlan:
+                        can_keep: bool, stuck: list[int] = ()) -> GroupPlan:
     """`nodes`: the template's group size; `size`: the ended group's; `lost`: its ranks reclaimed
-    or gone; `min_nodes`: the template's elastic floor (None: not elastic); `can_keep`: whether
-    the provider's instances take another workload."""
+    or gone; `stuck`: ranks still running when the group ended (blocked in a collective for a
+    peer that vanished: they are released, never kept, so they count as lost); `min_nodes`: the
+    template's elastic floor (None: not elastic); `can_keep`: whether the provider's instances
+    take another workload."""
+    plan = _plan(nodes=nodes, size=size, lost=sorted({*lost, *stuck}), min_nodes=min_nodes, can_keep=can_keep)
+    if not stuck:
+        return plan
+    return replace(plan, reason=f"nodes {sorted(stuck)} were still running when the group ended (they are "
+                                f"released); " + plan.reason,
+                   inputs={**plan.inputs, "lost": sorted(lost), "stuck": sorted(stuck)})
+
+
+def _plan(*, nodes: int, size: int, lost: list[int], min_nodes: int | None, can_keep: bool) -> GroupPlan:
     survivors = tuple(r for r in range(size) if r not in set(lost))
     inputs = {"nodes": nodes, "size": size, "lost": sorted(lost), "survivors": list(survivors),
               "min_nodes": min_nodes, "can_keep": can_keep}
@@ -56,3 +74,29 @@ def plan_group_recovery(*, nodes: int, size: int, lost: list[int], min_nodes: in
     return GroupPlan("replace", survivors, rent,
                      f"{why}: {rent} replacement(s) rented before the reclaimed node(s) go, the {len(survivors)} "
                      f"survivor(s) kept, and the job goes on with {len(survivors) + rent} nodes", inputs)
+
+
+def settle(plan: GroupPlan, *, nodes: int, min_nodes: int | None, survivors_up: bool,
+           rent: Callable[[int], str | None]) -> GroupPlan:
+    """The plan as the market lets it be carried out. `survivors_up`: every node the plan keeps is
+    still up; `rent(n)` rents the plan's n replacements (all or none) and returns None, or why it
+    could not. A survivor gone: regroup. No replacement to be had: shrink if the elastic floor
+    allows, else regroup. Production rents from its provider; the simulator asks its trace."""
+    if plan.keep and not survivors_up:
+        return fall_back(plan, nodes=nodes, min_nodes=min_nodes, why="a survivor was gone before it could be kept",
+                         shrink=False)
+    if plan.mode == "replace" and plan.rent:
+        failed = rent(plan.rent)
+        if failed is not None:
+            return fall_back(plan, nodes=nodes, min_nodes=min_nodes,
+                             why=f"no replacement could be rented ({failed})", shrink=True)
+    return plan
+
+
+def fall_back(plan: GroupPlan, *, nodes: int, min_nodes: int | None, why: str, shrink: bool) -> GroupPlan:
+    """The plan when its own cannot be had: the survivors alone if the elastic floor allows
+    (`shrink`: they are all up), else a group rented anew."""
+    if shrink and plan.mode == "replace" and min_nodes is not None and len(plan.keep) >= min_nodes:
+        return GroupPlan("shrink", plan.keep, 0, f"{why}: elastic, so it goes on on the {len(plan.keep)} survivor(s)",
+                         plan.inputs)
+    return GroupPlan("regroup", (), nodes, f"{why}: a group is rented anew", plan.inputs)

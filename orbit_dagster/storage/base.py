@@ -253,5 +253,9 @@ class CheckpointStore(Protocol):
     def list(self, job_id: str) -> Iterator[str]:
         """Uris of the job's complete checkpoints (manifest present)."""
 
+    def parts(self, job_id: str) -> Iterator[str]:
+        """Uris of group nodes' parts (PART_DIR) under the job, complete or not: the ones node 0
+        never put together are garbage once their attempt has ended."""
+
     def delete(self, uri: str) -> bool:
         """Remove a checkpoint; a checkpoint already gone is not an error (returns False)."""

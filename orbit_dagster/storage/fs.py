@@ -24,6 +24,7 @@ from . import reading as V
 from .base import (
     MANIFEST,
     MANIFEST_VERSION,
+    PART_DIR,
     CheckpointManifest,
     StoreError,
     check_name,
@@ -251,6 +252,14 @@ class FsStore:
             return
         for d in sorted(job_dir.iterdir()):
             if parse_checkpoint_dir(d.name) and not d.is_symlink() and (d / MANIFEST).exists():
+                yield d.as_uri()
+
+    def parts(self, job_id: str) -> Iterator[str]:
+        job_dir = self.root / check_name("job id", job_id)
+        if not job_dir.is_dir():
+            return
+        for d in sorted(job_dir.iterdir()):
+            if PART_DIR.match(d.name) and not d.is_symlink():
                 yield d.as_uri()
 
     def delete(self, uri: str) -> bool:

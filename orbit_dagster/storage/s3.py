@@ -31,7 +31,7 @@ from typing import Any, Iterator, Mapping
 
 from . import reading as V
 from . import s3_parts as S
-from .base import MANIFEST, CheckpointManifest, StoreError, check_name, check_rel
+from .base import MANIFEST, PART_DIR, CheckpointManifest, StoreError, check_name, check_rel, parse_checkpoint_dir
 
 MIB = 1 << 20
 MIN_PART_SIZE = 5 * MIB  # S3's rule for every part but the last
@@ -346,9 +346,15 @@ class S3Store:
         names = set()
         for key in self._keys(self.bucket, job_prefix):
             name, _, rest = key[len(job_prefix):].partition("/")
-            if rest == MANIFEST and not name.startswith("."):
+            if rest == MANIFEST and parse_checkpoint_dir(name):  # a checkpoint, not a node's part of one
                 names.add(name)
         for name in sorted(names):
+            yield f"s3://{self.bucket}/{job_prefix}{name}"
+
+    def parts(self, job_id: str) -> Iterator[str]:
+        job_prefix = self.key(job_id) + "/"
+        names = {key[len(job_prefix):].partition("/")[0] for key in self._keys(self.bucket, job_prefix)}
+        for name in sorted(n for n in names if PART_DIR.match(n)):
             yield f"s3://{self.bucket}/{job_prefix}{name}"
 
     # ---- delete -------------------------------------------------------------------

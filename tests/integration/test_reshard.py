@@ -78,3 +78,26 @@ def test_a_2_process_sharded_checkpoint_resumes_in_1_process_with_the_same_param
     (again,) = checkpoints(tmp_path / "w2")
     assert again["step"] == 6 and again["parent"] == uri
     assert {"__0_0.distcp", ".metadata"} == set(open_store(store.as_uri()).verify(again["uri"]).files)
+
+
+@pytest.mark.timeout(300)
+def test_3_ranks_train_on_the_global_batch_mean_even_when_it_does_not_split_evenly(tmp_path):
+    """64 rows over 3 ranks are 22, 21 and 21. Each micro-batch's loss is weighted by its rows x
+    world size / batch, so the ranks' gradients, averaged by FSDP, are the mean over the 64 rows,
+    as one process computes it: the same weights after a few steps, up to the order of the sums.
+    (Averaging each rank's own mean instead weights a 21-row rank's rows more than the 22-row
+    rank's: the weights part from the second step on.)"""
+    script = Path(__file__).parents[2] / "orbit_dagster" / "workloads" / "fsdpscript" / "train.py"
+    args = ["--steps", "4", "--save_every", "100", "--batch", "64", "--micro_batch", "16", "--seed", "7"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for launcher, name in ((["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"], "three"),
+                           ([], "one")):
+        subprocess.run([sys.executable, *launcher, str(script), "--output_dir", str(tmp_path / name),
+                        "--reference_dir", str(tmp_path / f"whole-{name}"), *args], check=True, env=env, timeout=240,
+                       capture_output=True)
+    three = torch.load(tmp_path / "whole-three" / "full_4.pt", weights_only=True)["model"]
+    one = torch.load(tmp_path / "whole-one" / "full_4.pt", weights_only=True)["model"]
+    assert three.keys() == one.keys() and len(one) == 4
+    for name, tensor in one.items():
+        gap = (three[name] - tensor).abs().max().item()
+        assert gap < 1e-5, f"{name}: 3 ranks and 1 process differ by {gap:.2e}"

@@ -20,9 +20,11 @@ run's layout (DCP reshards on load), one plain process included.
 `--batch` is the step's global batch, whatever the number of ranks: each rank takes its
 share of it. `--micro_batch M` bounds what one rank puts through the model at once: a share
 larger than M is split into micro-batches whose gradients accumulate (each loss weighted by
-its part of the share) before the step, so fewer ranks (an elastic job resumed on fewer
-hosts) take more micro-batches each and train on the same global batch, the same
-optimisation problem (the sums round differently). Rank 0 prints the world size and the
+its rows x world size / batch, so that the ranks' averaged gradients are the global batch's
+mean even when its rows do not divide evenly over the ranks) before the step, so fewer ranks
+(an elastic job resumed on fewer hosts) take more micro-batches each and train on the same
+global batch, the same optimisation problem (the sums round differently). A batch divisible
+by every world size the job may run on (48: 1, 2 or 3 ranks) gives every rank the same work. Rank 0 prints the world size and the
 accumulation it runs with, as metrics at the step it starts from.
 
 `--reference_dir DIR` also writes, at every save and right after a resume, the whole state
@@ -160,8 +162,11 @@ def main() -> None:
         x, y = batch(args.seed, step, args.batch, rank, world)
         opt.zero_grad()
         loss = torch.zeros(())
-        for i in range(0, share, micro):  # the mean over the share: each micro-batch weighted by its size
-            part = loss_fn(model(x[i:i + micro]), y[i:i + micro]) * (len(x[i:i + micro]) / share)
+        for i in range(0, share, micro):
+            # Each micro-batch's mean weighted by its rows x world / batch: the ranks' gradients,
+            # averaged by FSDP, are then the global batch's mean even where its rows do not split
+            # evenly over the ranks (64 over 3: 22, 21, 21), so any world size trains the same problem.
+            part = loss_fn(model(x[i:i + micro]), y[i:i + micro]) * (len(x[i:i + micro]) * world / args.batch)
             part.backward()
             loss += part.detach()
         opt.step()
