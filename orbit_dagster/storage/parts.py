@@ -157,6 +157,10 @@ class PartStream:
         except BaseException:
             self.abort()
             raise
+        return self._entry()
+
+    def _entry(self) -> dict:
+        """The file's manifest entry, once every part is stored; handed to the writer's callback."""
         self.entry = {"bytes": self._size, "parts": [self._digests[i].hex() for i in range(self._count)]}
         if self._on_close:
             self._on_close(self.entry)
@@ -284,10 +288,7 @@ class InPlaceStream(PartStream):
         except BaseException:
             self.abort()
             raise
-        self.entry = {"bytes": self._size, "parts": [self._digests[i].hex() for i in range(self._count)]}
-        if self._on_close:
-            self._on_close(self.entry)
-        return self.entry
+        return self._entry()
 
 
 def pwrite_full(fd: int, data: memoryview, offset: int) -> None:
