@@ -18,6 +18,10 @@ def _table(df, described: dict[str, str]) -> dg.MetadataValue:
     return table(df.astype(object).where(df.notna(), None).to_dict("records"), columns)  # NULL, never NaN
 
 
+# Cost tables read every training and evaluation partition: they depend on all of them.
+EVERY_RUN = [dg.AssetDep("training_run", partition_mapping=dg.AllPartitionMapping()),
+             dg.AssetDep("evaluation", partition_mapping=dg.AllPartitionMapping())]
+
 DESCRIBED = {"usd": "the bill's share of this line", "train_usd": "training up to each checkpoint",
              "eval_usd": "evaluations of its checkpoints",
              "eval_per_train": "eval $ per train $ (above 1: evaluating cost more than training)", "wasted_usd": "work lost after the last checkpoint",
@@ -25,8 +29,7 @@ DESCRIBED = {"usd": "the bill's share of this line", "train_usd": "training up t
 
 
 @dg.asset(
-    deps=[dg.AssetDep("training_run", partition_mapping=dg.AllPartitionMapping()),
-          dg.AssetDep("evaluation", partition_mapping=dg.AllPartitionMapping())],
+    deps=EVERY_RUN,
     group_name="cost",
     kinds={"sqlite"},
     check_specs=[CHECK],
@@ -73,8 +76,7 @@ EFFICIENCY_DESCRIBED = {
 
 
 @dg.asset(
-    deps=[dg.AssetDep("training_run", partition_mapping=dg.AllPartitionMapping()),
-          dg.AssetDep("evaluation", partition_mapping=dg.AllPartitionMapping())],
+    deps=EVERY_RUN,
     group_name="cost",
     kinds={"duckdb"},
     check_specs=[EFFICIENCY_CHECK],

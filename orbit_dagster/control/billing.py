@@ -68,13 +68,8 @@ def release(settings: Settings, ledger: Ledger, provider: Provider, instance: In
         billed = max((stop - times.started_at).total_seconds(), 0.0) * instance.offer.usd_per_second
         tx.execute("UPDATE instances SET stopped_at = ?, stop_reason = ?, billed_usd = ? WHERE instance_id = ?",
                    [stop, times.reason or reason, billed, instance.instance_id])
-        tx.insert("costs", [{
-            "cost_id": f"{instance.instance_id}:{i}", "instance_id": instance.instance_id, "job_id": job_id,
-            "run_id": run_id, "attempt": attempt, "checkpoint_key": line.checkpoint_key, "suite": suite,
-            "kind": line.kind, "start_at": line.start, "end_at": line.end, "seconds": line.seconds,
-            "gpu_count": max(instance.offer.gpu_count, 1), "usd_per_second": instance.offer.usd_per_second,
-            "usd": line.usd,
-        } for i, line in enumerate(lines)])
+        tx.insert("costs", cost_rows(instance, lines, id_prefix=instance.instance_id, job_id=job_id, run_id=run_id,
+                                     attempt=attempt, suite=suite))
     return billed
 
 
@@ -95,14 +90,23 @@ def carry_over(ledger: Ledger, instance: InstanceHandle, *, job_id: str, run_id:
         lines = attribute_instance(start=start, stop=max(now, start), usd_per_second=instance.offer.usd_per_second,
                                    checkpoints=checkpoints, lost=lost, last_progress=as_datetime(last_progress))
         tx.execute("UPDATE instances SET run_id = ? WHERE instance_id = ?", [next_run, instance.instance_id])
-        tx.insert("costs", [{
-            "cost_id": f"{instance.instance_id}:a{attempt}:{i}", "instance_id": instance.instance_id, "job_id": job_id,
-            "run_id": run_id, "attempt": attempt, "checkpoint_key": line.checkpoint_key, "suite": None,
-            "kind": line.kind, "start_at": line.start, "end_at": line.end, "seconds": line.seconds,
-            "gpu_count": max(instance.offer.gpu_count, 1), "usd_per_second": instance.offer.usd_per_second,
-            "usd": line.usd,
-        } for i, line in enumerate(lines)])
+        tx.insert("costs", cost_rows(instance, lines, id_prefix=f"{instance.instance_id}:a{attempt}", job_id=job_id,
+                                     run_id=run_id, attempt=attempt, suite=None))
     return sum(line.usd for line in lines)
+
+
+def cost_rows(instance: InstanceHandle, lines: list, *, id_prefix: str, job_id: str, run_id: str | None,
+              attempt: int, suite: str | None) -> list[dict]:
+    """The `costs` rows of an instance's attributed lines (`attribute_instance`), ids
+    `<id_prefix>:<n>`: a release's prefix is the instance, a carry-over's adds its attempt, so
+    a node billed for several attempts never reuses an id."""
+    return [{
+        "cost_id": f"{id_prefix}:{i}", "instance_id": instance.instance_id, "job_id": job_id, "run_id": run_id,
+        "attempt": attempt, "checkpoint_key": line.checkpoint_key, "suite": suite, "kind": line.kind,
+        "start_at": line.start, "end_at": line.end, "seconds": line.seconds,
+        "gpu_count": max(instance.offer.gpu_count, 1), "usd_per_second": instance.offer.usd_per_second,
+        "usd": line.usd,
+    } for i, line in enumerate(lines)]
 
 
 def close_lost_attempt(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHandle, *, job_id: str,

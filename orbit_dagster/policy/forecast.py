@@ -176,21 +176,14 @@ def fit_price_model(series_list: Sequence[tuple[Sequence[float | None], int]], *
                     gammas: Sequence[float] = GAMMAS) -> tuple[SeasonalEW, float]:
     """The (alpha, gamma) of the grid with the least mean absolute `horizon`-step error over the
     training series `(series, phase0)`, and that error."""
-    best: tuple[float, SeasonalEW] | None = None
-    for alpha in alphas:
-        for gamma in gammas if period > 1 else (0.0,):
-            model = SeasonalEW(alpha, gamma, period)
-            errors: list[float] = []
-            for series, phase0 in series_list:
-                errors += model.rolling_errors(series, horizon=horizon, start=start, phase0=phase0, every=every)
-            if errors:
-                mae = sum(errors) / len(errors)
-                if best is None or mae < best[0] - 1e-15:
-                    best = (mae, model)
+    models = [SeasonalEW(alpha, gamma, period) for alpha in alphas for gamma in (gammas if period > 1 else (0.0,))]
+    best = _least_error(models, lambda model: [
+        e for series, phase0 in series_list
+        for e in model.rolling_errors(series, horizon=horizon, start=start, phase0=phase0, every=every)])
     if best is None:
         raise OrbitError("no training series long enough to fit the price model", field="series",
                          value=len(series_list), fix=f"give series longer than {start + horizon} steps")
-    return best[1], best[0]
+    return best
 
 
 # ---------------------------------------------------------------- reclaim rates
@@ -340,19 +333,25 @@ def fit_rate_model(bins_list: Sequence[tuple[Sequence[float], Sequence[int], int
                    shrinks: Sequence[float] = SHRINKS_H) -> tuple[SeasonalRate, float]:
     """The (alpha, shrink) of the grid with the least mean absolute error in reclaims over the next
     `horizon` steps, over the training `(exposure, reclaims, phase0)` series, and that error."""
-    best: tuple[float, SeasonalRate] | None = None
-    for alpha in alphas:
-        for shrink in shrinks:
-            model = SeasonalRate.with_prior(alpha, shrink, period, prior_rate_per_hour, prior_strength)
-            errors: list[float] = []
-            for exposure, reclaims, phase0 in bins_list:
-                errors += model.rolling_errors(exposure, reclaims, horizon=horizon, start=start, phase0=phase0,
-                                               every=every)
-            if errors:
-                mae = sum(errors) / len(errors)
-                if best is None or mae < best[0] - 1e-15:
-                    best = (mae, model)
+    models = [SeasonalRate.with_prior(alpha, shrink, period, prior_rate_per_hour, prior_strength)
+              for alpha in alphas for shrink in shrinks]
+    best = _least_error(models, lambda model: [
+        e for exposure, reclaims, phase0 in bins_list
+        for e in model.rolling_errors(exposure, reclaims, horizon=horizon, start=start, phase0=phase0, every=every)])
     if best is None:
         raise OrbitError("no training history long enough to fit the rate model", field="bins",
                          value=len(bins_list), fix=f"give histories longer than {start + horizon} steps")
-    return best[1], best[0]
+    return best
+
+
+def _least_error(models: Sequence, errors_of) -> tuple | None:
+    """(model, mean absolute error) of the grid's model with the least error, the first of
+    equals in grid order; None when no model has an error to measure (series too short)."""
+    best = None
+    for model in models:
+        errors = errors_of(model)
+        if errors:
+            mae = sum(errors) / len(errors)
+            if best is None or mae < best[1] - 1e-15:
+                best = (model, mae)
+    return best

@@ -117,10 +117,12 @@ def closed_port() -> int:
 
 class MetadataStandIn:
     """The instance metadata service on loopback, IMDSv2 only (as orbit launches instances):
-    a GET without a token from `PUT /latest/api/token` gets 401; the spot notice on demand."""
+    a GET without a token from `PUT /latest/api/token` gets 401; the spot notice and the
+    rebalance recommendation on demand (404 until set)."""
 
     def __init__(self):
         self.notice: dict | None = None
+        self.rebalance: dict | None = None
         self.tokens: set[str] = set()
         self.refused = 0
         stand_in = self
@@ -143,9 +145,9 @@ class MetadataStandIn:
                 if self.headers.get("X-aws-ec2-metadata-token") not in stand_in.tokens:
                     stand_in.refused += 1
                     return self._reply(401, b"Unauthorized")
-                if self.path == "/latest/meta-data/spot/instance-action" and stand_in.notice:
-                    return self._reply(200, json.dumps(stand_in.notice).encode())
-                self._reply(404, b"Not Found")
+                body = {"/latest/meta-data/spot/instance-action": stand_in.notice,
+                        "/latest/meta-data/events/recommendations/rebalance": stand_in.rebalance}.get(self.path)
+                self._reply(200, json.dumps(body).encode()) if body else self._reply(404, b"Not Found")
 
             def log_message(self, *args):
                 pass
@@ -154,11 +156,15 @@ class MetadataStandIn:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def schedule(self, *, in_seconds: float = 120, action: str = "terminate") -> dict:
+    @staticmethod
+    def at(seconds: float) -> str:
+        """IMDS's time format, `seconds` from now."""
         from datetime import datetime, timedelta, timezone
 
-        at = datetime.now(timezone.utc) + timedelta(seconds=in_seconds)
-        self.notice = {"action": action, "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        return (datetime.now(timezone.utc) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def schedule(self, *, in_seconds: float = 120, action: str = "terminate") -> dict:
+        self.notice = {"action": action, "time": self.at(in_seconds)}
         return self.notice
 
     def close(self) -> None:

@@ -2,11 +2,7 @@
 agent records it in the event stream and, with `checkpoint.on_rebalance: checkpoint`, takes an early durable
 checkpoint before the spot notice; the control plane reads the record and notes it in the ledger."""
 import json
-import threading
 import time
-import uuid
-from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -18,59 +14,15 @@ from orbit_dagster.core.templates import load_template
 from orbit_dagster.runtime.exits import EXIT_PREEMPTED
 from orbit_dagster.runtime.notices import NoticeWatcher
 from tests.helpers import wait_for
+from tests.integration.moto_fixtures import MetadataStandIn
 from tests.unit.runtime.test_agent import agent, events
 
 EVERY = 100_000  # no periodic durable checkpoint within the test: any durable one is the rebalance's
 
 
-class FakeImds:
-    """IMDSv2 on loopback: a token from PUT /latest/api/token, then the spot action and the rebalance
-    recommendation once the test sets them (404 until then)."""
-
-    def __init__(self):
-        self.action: dict | None = None
-        self.rebalance: dict | None = None
-        self.tokens: set[str] = set()
-        imds = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _reply(self, code: int, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_PUT(self):  # noqa: N802 - http.server's name
-                token = uuid.uuid4().hex
-                imds.tokens.add(token)
-                self._reply(200, token.encode())
-
-            def do_GET(self):  # noqa: N802
-                if self.headers.get("X-aws-ec2-metadata-token") not in imds.tokens:
-                    return self._reply(401, b"")
-                body = {"/latest/meta-data/spot/instance-action": imds.action,
-                        "/latest/meta-data/events/recommendations/rebalance": imds.rebalance}.get(self.path)
-                self._reply(200, json.dumps(body).encode()) if body else self._reply(404, b"Not Found")
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    @staticmethod
-    def at(seconds: float) -> str:
-        return (datetime.now(timezone.utc) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def imds():
-    server = FakeImds()
+    server = MetadataStandIn()
     yield server
     server.close()
 
@@ -98,7 +50,7 @@ def last_step(workdir: Path) -> int:
     return max((e["step"] for e in events(workdir) if e["type"] == "metrics"), default=-1)
 
 
-def run_until_notice(tmp_path: Path, imds: FakeImds, on_rebalance: str) -> tuple[Path, list[dict]]:
+def run_until_notice(tmp_path: Path, imds: MetadataStandIn, on_rebalance: str) -> tuple[Path, list[dict]]:
     b = bundle(tmp_path, on_rebalance)
     work = tmp_path / "w"
     proc = agent(b.path, work, tmp_path / "s", "--metadata-url", imds.url, "--notice-poll", "0.05", wait=False)
@@ -113,7 +65,7 @@ def run_until_notice(tmp_path: Path, imds: FakeImds, on_rebalance: str) -> tuple
         else:
             seen = last_step(work)
             wait_for(lambda: last_step(work) >= seen + 30, timeout=30, what="training going on")
-        imds.action = {"action": "terminate", "time": imds.at(120)}
+        imds.notice = {"action": "terminate", "time": imds.at(120)}
         assert proc.wait(120) == EXIT_PREEMPTED, (work / "agent.log").read_text()
     finally:
         if proc.poll() is None:
@@ -151,7 +103,7 @@ def test_the_watcher_reports_one_rebalance_and_still_sees_the_notice(imds):
     imds.rebalance = {"noticeTime": "2030-01-01T00:00:00Z"}
     assert w.poll_once() is False and w.poll_once() is False  # not a notice; reported once
     assert [(g["source"], g["notice_time"]) for g in got] == [("metadata", 1893456000.0)]
-    imds.action = {"action": "terminate", "time": "2030-01-01T00:02:00Z"}
+    imds.notice = {"action": "terminate", "time": "2030-01-01T00:02:00Z"}
     assert w.poll_once() is True and w.notice["deadline"] == 1893456120.0
 
 
