@@ -73,3 +73,15 @@ def test_an_override_of_the_node_count_is_checked_against_elastic():
     with pytest.raises((InvalidOverride, TemplateError)) as err:
         apply_overrides(t, {"resources.nodes": 3})  # max_nodes is 2
     assert err.value.field == "elastic" and "3 <= 2" not in err.value.fix
+
+
+def test_elastic_set_to_null_keeps_its_fields_in_the_whitelist_and_refuses_a_field_inside_it():
+    t = load_template("fsdp-multinode")
+    off = apply_overrides(t, {"elastic": None})  # never shrink: a reclaimed node is always replaced
+    assert off.elastic is None and "elastic.min_nodes" in off.allow_overrides
+    with pytest.raises(InvalidOverride) as err:
+        apply_overrides(t, {"elastic": None, "elastic.min_nodes": 2})
+    assert "which is null here" in str(err.value) and "\n" not in str(err.value)
+    doc = raw() | {"allow_overrides": ["config.steps", "elastic.min_nodes"], "elastic": None}
+    err = refusal(doc)  # a field under a null section that is not itself overridable: still a typo
+    assert "elastic.min_nodes" in str(err)
