@@ -26,13 +26,15 @@ def offers(gpu: str | None, max_price: float | None, gpu_count: int, save_second
     """Rentable offers in the order dispatch ranks them (expected $ per useful PFLOP), each with its reason."""
     from ..control.observations import measured_tflops, observed_reclaims
     from ..control.placement import measured_save_seconds
+    from ..control.trends import trend_choices
     from .offers import offers_document, offers_table
 
     ledger = load_settings().ledger()
     doc = offers_document(gpu=gpu, max_price=max_price, gpu_count=gpu_count, observed=observed_reclaims(ledger),
                           measured=measured_tflops(ledger),
                           save_s=measured_save_seconds(ledger) if save_seconds is None else save_seconds,
-                          restore_s=restore_seconds, notice_s=notice_seconds)
+                          restore_s=restore_seconds, notice_s=notice_seconds,
+                          trends=lambda listed: trend_choices(ledger, listed))
     click.echo(json.dumps(doc, indent=2) if as_json else offers_table(doc))
 
 

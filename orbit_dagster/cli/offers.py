@@ -35,12 +35,14 @@ def _check_inputs(save_s: float, restore_s: float | None, notice_s: float | None
 def offers_document(*, save_s: float, gpu: str | None = None, max_price: float | None = None, gpu_count: int = 1,
                     restore_s: float | None = None, notice_s: float | None = None,
                     observed: Mapping | None = None, measured: Mapping | None = None,
-                    at: datetime | None = None) -> dict:
+                    at: datetime | None = None, trends=None) -> dict:
     """What `orbit offers --json` prints: ``{"ranked_by", "inputs", "offers": [...], "not_ranked": [...]}``.
 
     ``save_s``: the durable save time (the CLI passes the ledger's median, as dispatch does);
     ``restore_s`` None: dispatch's prior; ``notice_s`` None: each provider's own notice.
     ``observed``/``measured``: the ledger's reclaims and probe TFLOPS per offer id.
+    ``trends``: offers -> their trend choices (`control.trends.trend_choices` on the ledger),
+    so the ranking uses a forecast where dispatch would (for a job of its default horizon).
     """
     _check_inputs(save_s, restore_s, notice_s, gpu_count)
     offers = list_offers(gpu=gpu, max_price_per_gpu_hour=max_price, at=at)
@@ -48,7 +50,8 @@ def offers_document(*, save_s: float, gpu: str | None = None, max_price: float |
     notice = PROVIDER_NOTICE_S if notice_s is None else notice_s
     try:
         decision = rank_placement(offers, save_s=save_s, restore_s=restore, notice_s=notice, observed=observed,
-                                  measured=measured, gpu_count=gpu_count)
+                                  measured=measured, gpu_count=gpu_count,
+                                  trends=trends(offers) if trends is not None else None)
         scored, inputs = list(decision.ranked), decision.inputs
     except NoOfferMatches as err:
         scored, inputs = [], {"save_s": save_s, "restore_s": restore,

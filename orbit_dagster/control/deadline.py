@@ -4,7 +4,8 @@ A template with `deadline_hours` must finish within that many hours of submissio
 dispatch, and at every price-feed tick while it runs on spot, the control plane asks
 `policy.deadline_plan.spot_or_on_demand` with what it knows (work left from the measured
 step time, time left, both prices, the offer's reclaim rate and the availability estimate
-updated with the same record, save/restore times, notice);
+updated with the same record, save/restore times, notice; the spot price and the reclaim
+rate are the offer's forecasts over the work left where they earned it, `trends.trend_choices`);
 `on_demand` rents the same shape on demand (never reclaimed), and a running attempt moves
 there make-before-break, like a migration. Every answer is a decision row with its inputs.
 """
@@ -22,6 +23,7 @@ from ..policy.offer_choice import RESTORE_PRIOR_S
 from ..policy.reclaim_rate import RateBook
 from .observations import measured_step_seconds, observed_reclaims
 from .placement import measured_save_seconds
+from .trends import horizon_hours, trend_choices, trends_record
 
 
 def choose(ledger: Ledger, job: dict, template, offer: Offer, *, notice_s: float, done_steps: int,
@@ -49,16 +51,24 @@ def choose(ledger: Ledger, job: dict, template, offer: Offer, *, notice_s: float
     # up-time as the offer's rate (what `orbit simulate`'s planner learns from its feed).
     availability = MarkovAvailability.from_exposure(load_reclaim_model(), MIN_DECISION_TICK_S,
                                                     reclaims=est.reclaims, exposure_s=est.exposure_s)
+    # The offer's own forecasts over the work left, where they beat today's figures on its
+    # held-back history (control.trends.trend_choices); else the listed price and the estimate.
+    horizon = horizon_hours(work_left_s)
+    trends = trend_choices(ledger, [offer], scale=scale, horizon=horizon)
+    price, rate = trends[offer.offer_id]["price"], trends[offer.offer_id]["rate"]
+    spot_usd_h = price.value if price.used else offer.usd_per_second * 3600.0
+    mtbf_s = 3600.0 / rate.value if rate.used else est.mtbf_s
     d = spot_or_on_demand(work_left_s=work_left_s, time_left_s=time_left_s, spot_available=True, holding=holding,
-                          spot_usd_per_hour=offer.usd_per_second * 3600.0,
+                          spot_usd_per_hour=spot_usd_h,
                           on_demand_usd_per_hour=od.usd_per_second * 3600.0, restore_s=RESTORE_PRIOR_S,
                           save_s=measured_save_seconds(ledger, template.name, scale), notice_s=notice_s * scale,
-                          mtbf_s=est.mtbf_s, availability=availability)
+                          mtbf_s=mtbf_s, availability=availability)
     action = "on_demand" if d.action == "on_demand" else "spot"
     row = {"decision_id": R.event("decision")["event_id"], "job_id": job["job_id"], "attempt": int(job["attempt"]),
            "kind": "spot_or_on_demand", "chosen": action, "runner_up": "spot" if action == "on_demand" else "on_demand",
            "inputs": R.dumps({"reason": d.reason, "policy_action": d.action, **d.inputs, "offer": offer.offer_id,
-                              "step_s": step_s, "done_steps": done_steps, "time_scale": scale}),
+                              "step_s": step_s, "done_steps": done_steps, "time_scale": scale,
+                              "trends": trends_record(trends, horizon)}),
            "ts": utcnow()}
     return action, row
 

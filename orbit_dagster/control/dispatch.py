@@ -37,6 +37,7 @@ from .market_clock import time_scale
 from .observations import measured_step_seconds, observed_reclaims, probed_offers
 from .placement import measured_save_seconds, rank_for
 from .recovery import offers_to_avoid
+from .trends import horizon_hours
 
 # An AWS instance can take ~10 minutes to boot; after this the reconciler ends the attempt.
 DISPATCH_TIMEOUT_S = 20 * 60.0
@@ -95,9 +96,12 @@ def _launch(settings: Settings, ledger: Ledger, job: dict, bundle, provider: Pro
     store_uri = settings.store_uri_for(template.checkpoint.store)
     suite = eval_suite_for(settings, ledger, job_id, attempt)
     resume = C.newest_complete(ledger, store_uri, job_id, lineage=job["lineage"], eval_suite=suite)
+    # The forecasts offer choice may use are judged over the hours this attempt is expected to run.
+    steps_left = max(int(template.config.get("steps", 0)) - (int(resume["step"]) if resume else 0), 0)
+    horizon = horizon_hours(steps_left * measured_step_seconds(ledger, template.name, time_scale(provider)))
     ranked, decision = rank_for(ledger, provider, bundle.spec.execution_request, job_id=job_id, attempt=attempt,
                                 notice_s=provider.notice_seconds, template=template.name,
-                                avoid=offers_to_avoid(ledger, job_id))
+                                avoid=offers_to_avoid(ledger, job_id), horizon_h=horizon)
     market, market_row = choose(ledger, job, template, ranked[0], notice_s=provider.notice_seconds,
                                 done_steps=int(resume["step"]) if resume else 0,
                                 scale=time_scale(provider)) if ranked else ("spot", None)

@@ -6,21 +6,43 @@ its instances' up-time and reclaims), hour by hour of market time. With less his
 a fit needs (a day and the horizon), the price is the last one seen and the rate the
 cumulative one over the fitted reclaim model's prior, and the answer says so.
 
-Shown by `orbit advise` and the `advice` asset, not used by offer choice or the deadline
-planner: on held-back history (`bench/price_forecast.py`, docs/benchmarks.md) the fitted
-price model is the last price (alpha 1, no season) and the rate model's error is lower
-than the cumulative rate's on one evaluation trace and higher on two, so neither would
-improve on what dispatch uses today (docs/cost.md).
+`offer_trends` (pooled) is shown by `orbit advise` and the `advice` asset. Offer choice and
+the deadline planner use `trend_choices` instead: per offer, fitted on that offer's own
+history only and used only where it beat the naive figure (the last price; the cumulative
+rate over the offer's prior) on the offer's most recent held-back hours
+(`policy.forecast.choose_price`, `choose_rate`); elsewhere they keep today's inputs. On
+the evaluation traces the pooled fit did not beat the naive figures (docs/cost.md), which
+is why the use is gated offer by offer rather than switched on.
 """
 from __future__ import annotations
 
+import math
+
 from ..catalog.reclaim_model import load_reclaim_model
 from ..core.errors import OrbitError
+from ..core.offers import Offer
 from ..ledger import Ledger
-from ..policy.forecast import SeasonalEW, SeasonalRate, fit_price_model, fit_rate_model, phase_of, rate_bins, step_series
-from .recorded import OfferRecord
+from ..policy.forecast import (
+    HOLDOUT,
+    SeasonalEW,
+    SeasonalRate,
+    TrendChoice,
+    choose_price,
+    choose_rate,
+    fit_price_model,
+    fit_rate_model,
+    phase_of,
+    rate_bins,
+    step_series,
+)
+from ..policy.reclaim_rate import ReclaimRateEstimator
+from .recorded import OfferRecord, offer_records
 
 STEP_S, PERIOD, HORIZON = 3600.0, 24, 6
+#: The longest horizon a decision asks for (market hours), and the most recent history
+#: `trend_choices` fits on (28 days): enough for the daily season, and a fit per offer at
+#: every dispatch stays quick.
+MAX_HORIZON, HISTORY_STEPS = 24, 28 * 24
 
 
 def _price_points(ledger: Ledger, record: OfferRecord) -> list[tuple[float, float]]:
@@ -32,19 +54,26 @@ def _price_points(ledger: Ledger, record: OfferRecord) -> list[tuple[float, floa
     return [(s.start_s, s.usd_per_hour) for s in record.sessions]
 
 
+def _series(ledger: Ledger, rec: OfferRecord) -> tuple[list[float | None], list[float], list[int], int]:
+    """An offer's recorded history hour by hour of market time: (price, exposure hours, reclaims, phase0)."""
+    points = _price_points(ledger, rec)
+    start = min([p[0] for p in points] + [s.start_s for s in rec.sessions])
+    end = max([p[0] for p in points] + [s.end_s for s in rec.sessions])
+    count = int((end - start) // STEP_S) + 1
+    phase0 = phase_of(start, STEP_S, PERIOD)
+    sessions = [(s.start_s, s.end_s, s.reclaimed) for s in rec.sessions]
+    return (step_series(points, start_s=start, step_s=STEP_S, count=count),
+            *rate_bins(sessions, start_s=start, step_s=STEP_S, count=count), phase0)
+
+
 def offer_trends(ledger: Ledger, records: dict[str, OfferRecord], *, horizon: int = HORIZON) -> dict[str, dict]:
     """offer id -> its forecast: `price_usd_per_hour` and `reclaims_per_hour` for each of the next
     `horizon` market hours, and which model made each."""
     prices, rates = {}, {}
     for offer_id, rec in records.items():
-        points = _price_points(ledger, rec)
-        start = min([p[0] for p in points] + [s.start_s for s in rec.sessions])
-        end = max([p[0] for p in points] + [s.end_s for s in rec.sessions])
-        count = int((end - start) // STEP_S) + 1
-        phase0 = phase_of(start, STEP_S, PERIOD)
-        prices[offer_id] = (step_series(points, start_s=start, step_s=STEP_S, count=count), phase0)
-        sessions = [(s.start_s, s.end_s, s.reclaimed) for s in rec.sessions]
-        rates[offer_id] = (*rate_bins(sessions, start_s=start, step_s=STEP_S, count=count), phase0)
+        series, exposure, reclaims, phase0 = _series(ledger, rec)
+        prices[offer_id] = (series, phase0)
+        rates[offer_id] = (exposure, reclaims, phase0)
     model = load_reclaim_model()
     prior = dict(prior_rate_per_hour=model.mean_rate_per_hour, prior_strength=model.zone_rate_alpha)
     try:
@@ -74,3 +103,44 @@ def offer_trends(ledger: Ledger, records: dict[str, OfferRecord], *, horizon: in
             "price_model": price_label, "rate_model": rate_label,
         }
     return out
+
+
+def horizon_hours(work_left_s: float) -> int:
+    """The horizon a decision asks the forecast about: the job's expected remaining market
+    hours, rounded up, between 1 and `MAX_HORIZON`."""
+    return min(max(math.ceil(max(work_left_s, 0.0) / STEP_S), 1), MAX_HORIZON)
+
+
+def trend_choices(ledger: Ledger, offers: list[Offer], *, scale: float = 1.0,
+                  horizon: int = HORIZON) -> dict[str, dict[str, TrendChoice]]:
+    """Spot offer id -> {"price": TrendChoice, "rate": TrendChoice} from its own recorded history
+    (the last `HISTORY_STEPS` hours of it), over the next `horizon` market hours. `scale`: the
+    market's seconds per wall second. An offer with no recorded instance gets baselines."""
+    records = offer_records(ledger, lambda _provider: scale)
+    out: dict[str, dict[str, TrendChoice]] = {}
+    for o in offers:
+        if not o.spot or o.offer_id in out:
+            continue
+        prior = ReclaimRateEstimator.for_offer(o)  # the prior dispatch's own estimate starts from
+        rec = records.get(o.offer_id)
+        if rec is None or not rec.sessions:
+            none = TrendChoice("baseline", None, None, None, "no recorded instance of this offer")
+            out[o.offer_id] = {"price": none, "rate": none}
+            continue
+        series, exposure, reclaims, phase0 = _series(ledger, rec)
+        drop = max(len(series) - HISTORY_STEPS, 0)
+        phase0 = (phase0 + drop) % PERIOD
+        price = choose_price(series[drop:], phase0, horizon=horizon, period=PERIOD)
+        rate = choose_rate(exposure[drop:], reclaims[drop:], phase0, horizon=horizon, period=PERIOD,
+                           prior_rate_per_hour=prior.prior_rate_per_hour, prior_strength=prior.prior_strength)
+        if rate.used and not (rate.value or 0) > 0:  # an estimator needs a positive rate
+            rate = TrendChoice("baseline", None, rate.forecast_error, rate.baseline_error, "forecast rate not > 0")
+        out[o.offer_id] = {"price": price, "rate": rate}
+    return out
+
+
+def trends_record(choices: dict[str, dict[str, TrendChoice]], horizon: int) -> dict:
+    """What a decision row's inputs say about the forecasts: per offer, the source of each figure
+    (forecast or baseline) and both held-back errors."""
+    return {"horizon_hours": horizon, "holdout_hours": HOLDOUT,
+            "offers": {k: {name: c.as_record() for name, c in v.items()} for k, v in sorted(choices.items())}}

@@ -21,7 +21,9 @@ shows it.
 Their parameters are fitted (`fit_price_model`, `fit_rate_model`: a grid search that
 minimises the forecast's mean absolute error on the training series), never set by hand;
 `bench/price_forecast.py` fits them on one part of the recorded history and measures the
-error on history held back, beside the naive baselines.
+error on history held back, beside the naive baselines. `choose_price` and `choose_rate`
+make the same check on one offer's own history, for a decision: the forecast is used only
+where its held-back error is lower than the naive figure's.
 """
 from __future__ import annotations
 
@@ -355,3 +357,109 @@ def _least_error(models: Sequence, errors_of) -> tuple | None:
             if best is None or mae < best[1] - 1e-15:
                 best = (model, mae)
     return best
+
+
+# ---------------------------------------------------------------- earned use
+
+#: Steps of an offer's own history held back, on top of the fit's (`period` + horizon): the
+#: forecast made after each of them is scored against what followed.
+HOLDOUT = 24
+
+
+@dataclass(frozen=True)
+class TrendChoice:
+    """Which figure a decision uses for one offer's price or reclaim rate over a horizon.
+
+    `source` is "forecast" only when the model, fitted on the offer's history before the
+    held-back part, had a lower mean absolute error there than the naive baseline
+    (`forecast_error` < `baseline_error`); `value` is then the mean of its forecast over
+    the horizon. Otherwise "baseline": the caller keeps today's input and `value` is None."""
+
+    source: str  # forecast | baseline
+    value: float | None
+    forecast_error: float | None
+    baseline_error: float | None
+    why: str
+
+    @property
+    def used(self) -> bool:
+        return self.source == "forecast"
+
+    def as_record(self) -> dict:
+        return {"source": self.source, "value": _r6(self.value), "forecast_error": _r6(self.forecast_error),
+                "baseline_error": _r6(self.baseline_error), "why": self.why}
+
+
+def _r6(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
+def _baseline(why: str, fe: float | None = None, be: float | None = None) -> TrendChoice:
+    return TrendChoice("baseline", None, fe, be, why)
+
+
+def _mae(errors: list[float]) -> float | None:
+    return sum(errors) / len(errors) if errors else None
+
+
+def _cut(n: int, horizon: int, period: int, holdout: int) -> int | None:
+    """Where the held-back part starts, or None when the history is too short to fit before it."""
+    cut = n - max(holdout, horizon)
+    return cut if cut >= period + horizon else None
+
+
+def choose_price(series: Sequence[float | None], phase0: int = 0, *, horizon: int, period: int = 24,
+                 holdout: int = HOLDOUT) -> TrendChoice:
+    """The price forecast over the next `horizon` steps, if it earned it on this series: the
+    model is fitted (`fit_price_model`) on the steps before the last `max(holdout, horizon)`
+    and scored on those by a rolling origin (a forecast after each step, against the steps
+    that followed), beside the last value. Deterministic: the same series, the same answer."""
+    cut = _cut(len(series), horizon, period, holdout)
+    if cut is None:
+        return _baseline(f"too little history: {len(series)} steps, under {period + horizon} to fit and "
+                         f"{max(holdout, horizon)} held back")
+    try:
+        model, _ = fit_price_model([(series[:cut], phase0)], horizon=horizon, period=period, start=period)
+    except OrbitError:
+        return _baseline("no price in the history before the held-back part")
+    fe = _mae(model.rolling_errors(series, horizon=horizon, start=cut, phase0=phase0))
+    be = _mae(naive_errors("last", series, horizon=horizon, start=cut))
+    if fe is None or be is None:
+        return _baseline("no price in the held-back part", fe, be)
+    if not fe < be:
+        return _baseline(f"the forecast (alpha {model.alpha:g}, gamma {model.gamma:g}) did not beat the last "
+                         "price on the held-back history", fe, be)
+    ahead = [v for v in model.forecast(series, horizon, phase0) if v is not None]
+    return TrendChoice("forecast", max(sum(ahead) / len(ahead), 0.0), fe, be,
+                       f"seasonal EW (alpha {model.alpha:g}, gamma {model.gamma:g}) beat the last price on the "
+                       "held-back history")
+
+
+def choose_rate(exposure_h: Sequence[float], reclaims: Sequence[int], phase0: int = 0, *, horizon: int,
+                prior_rate_per_hour: float, prior_strength: float, period: int = 24,
+                holdout: int = HOLDOUT) -> TrendChoice:
+    """`choose_price` for the reclaim rate: the fitted `SeasonalRate` against the cumulative rate
+    over the same prior (`TrailingRate(None)`, what dispatch's estimator is), errors in reclaims
+    over the next `horizon` steps."""
+    cut = _cut(len(exposure_h), horizon, period, holdout)
+    if cut is None:
+        return _baseline(f"too little history: {len(exposure_h)} steps, under {period + horizon} to fit and "
+                         f"{max(holdout, horizon)} held back")
+    prior = dict(prior_rate_per_hour=prior_rate_per_hour, prior_strength=prior_strength)
+    try:
+        model, _ = fit_rate_model([(exposure_h[:cut], reclaims[:cut], phase0)], horizon=horizon, period=period,
+                                  start=period, **prior)
+    except OrbitError:
+        return _baseline("no up-time in the history before the held-back part")
+    fe = _mae(model.rolling_errors(exposure_h, reclaims, horizon=horizon, start=cut, phase0=phase0))
+    be = _mae(rate_errors(lambda: TrailingRate(None, model.prior_reclaims, model.prior_hours), exposure_h, reclaims,
+                          horizon=horizon, start=cut))
+    if fe is None or be is None:
+        return _baseline("no up-time in the held-back part", fe, be)
+    if not fe < be:
+        return _baseline(f"the forecast (alpha {model.alpha:g}, shrink {model.shrink_h:g} h) did not beat the "
+                         "cumulative rate on the held-back history", fe, be)
+    ahead = model.forecast(exposure_h, reclaims, horizon, phase0)
+    return TrendChoice("forecast", sum(ahead) / len(ahead), fe, be,
+                       f"seasonal EW rate (alpha {model.alpha:g}, shrink {model.shrink_h:g} h) beat the cumulative "
+                       "rate on the held-back history")

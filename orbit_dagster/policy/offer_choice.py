@@ -172,14 +172,18 @@ def rank_offers(offers: Sequence[Offer], *, gpu: str = "any", gpu_count: int = 1
                 max_price_per_gpu_hour: float | None = None, save_s: float = 60.0, restore_s: float = 300.0,
                 notice_s: float | Mapping[str, float] = 120.0, emergency_save_s: float | None = None,
                 rates: RateBook | Mapping[str, ReclaimRateEstimator] | None = None,
-                model: ReclaimModel | None = None) -> OfferDecision:
+                model: ReclaimModel | None = None,
+                spot_usd_per_hour: Mapping[str, float] | None = None) -> OfferDecision:
     """Rank the offers that meet the requirements by expected $ per useful PFLOP, cheapest first
     (scores within float rounding of each other are a tie, broken by offer id: `tie_key`).
 
     ``rates`` holds the online reclaim-rate estimates by offer id; offers without one get
     their prior (own rate, band, reliability; the riskiest band when nothing is known).
     ``notice_s``: the reclaim notice in seconds, or one per provider (``{"aws": 120, "gce": 30}``;
-    a provider missing from it is taken to give none). Each ranked offer carries a one-line
+    a provider missing from it is taken to give none). ``spot_usd_per_hour``: offer id -> the
+    instance's $/h to score a spot offer at instead of its listed price (a price forecast
+    that earned its use, `control.trends.trend_choices`); the requirements' filters still
+    read the listed price, so a job's price cap is about what it would pay now. Each ranked offer carries a one-line
     ``reason`` for its position. Raises NoOfferMatches naming the requirement that filtered
     everything out.
     """
@@ -199,6 +203,8 @@ def rank_offers(offers: Sequence[Offer], *, gpu: str = "any", gpu_count: int = 1
                                         emergency_save_s=emergency_save_s)
         useful = (o.effective_tflops or 0.0) * gpu_count
         usd_h = o.usd_per_second * 3600.0
+        if o.spot and spot_usd_per_hour and o.offer_id in spot_usd_per_hour:
+            usd_h = float(spot_usd_per_hour[o.offer_id])
         denom = useful * goodput * 1e12 * 3600.0  # useful FLOP per paid hour
         score = usd_h / denom * 1e15 if denom > 0 else math.inf
         scored.append(ScoredOffer(o, score, goodput, rate, est.source if o.spot else "on-demand", tau, usd_h, useful,
