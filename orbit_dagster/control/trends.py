@@ -10,13 +10,19 @@ cumulative one over the fitted reclaim model's prior, and the answer says so.
 the deadline planner use `trend_choices` instead: per offer, fitted on that offer's own
 history only and used only where it beat the naive figure (the last price; the cumulative
 rate over the offer's prior) on the offer's most recent held-back hours
-(`policy.forecast.choose_price`, `choose_rate`); elsewhere they keep today's inputs. On
+(`policy.forecast.choose_price`, `choose_rate`; a rate forecast is judged only on at least
+`MIN_RECLAIMS` reclaims held back and as many before); elsewhere they keep today's inputs. On
 the evaluation traces the pooled fit did not beat the naive figures (docs/cost.md), which
-is why the use is gated offer by offer rather than switched on.
+is why the use is gated offer by offer rather than switched on. The per-offer answer is kept
+in this process per distinct history (`_cached_choice`), so decisions between two changes of
+an offer's record do not refit it.
 """
 from __future__ import annotations
 
+import hashlib
 import math
+import threading
+from collections import OrderedDict
 
 from ..catalog.reclaim_model import load_reclaim_model
 from ..core.errors import OrbitError
@@ -43,6 +49,14 @@ STEP_S, PERIOD, HORIZON = 3600.0, 24, 6
 #: `trend_choices` fits on (28 days): enough for the daily season, and a fit per offer at
 #: every dispatch stays quick.
 MAX_HORIZON, HISTORY_STEPS = 24, 28 * 24
+#: How many offers' choices this process keeps (`_cached_choice`): a fit per offer costs
+#: about 0.1-0.2 s on a month of history (docs/cost.md) and dispatch asks at every launch, migration and deadline
+#: tick, while an offer's recorded history changes only with a new price tick or a stopped
+#: instance. Keyed by what the answer depends on, so a kept answer is never stale; bounded,
+#: the least recently used dropped first.
+CACHE_SIZE = 256
+_cache: OrderedDict[tuple, dict[str, TrendChoice]] = OrderedDict()
+_cache_lock = threading.Lock()
 
 
 def _price_points(ledger: Ledger, record: OfferRecord) -> list[tuple[float, float]]:
@@ -129,14 +143,39 @@ def trend_choices(ledger: Ledger, offers: list[Offer], *, scale: float = 1.0,
             continue
         series, exposure, reclaims, phase0 = _series(ledger, rec)
         drop = max(len(series) - HISTORY_STEPS, 0)
-        phase0 = (phase0 + drop) % PERIOD
-        price = choose_price(series[drop:], phase0, horizon=horizon, period=PERIOD)
-        rate = choose_rate(exposure[drop:], reclaims[drop:], phase0, horizon=horizon, period=PERIOD,
-                           prior_rate_per_hour=prior.prior_rate_per_hour, prior_strength=prior.prior_strength)
-        if rate.used and not (rate.value or 0) > 0:  # an estimator needs a positive rate
-            rate = TrendChoice("baseline", None, rate.forecast_error, rate.baseline_error, "forecast rate not > 0")
-        out[o.offer_id] = {"price": price, "rate": rate}
+        out[o.offer_id] = _cached_choice(o.offer_id, series[drop:], exposure[drop:], reclaims[drop:],
+                                         (phase0 + drop) % PERIOD, horizon=horizon,
+                                         prior_rate_per_hour=prior.prior_rate_per_hour,
+                                         prior_strength=prior.prior_strength)
     return out
+
+
+def _cached_choice(offer_id: str, series: list[float | None], exposure: list[float], reclaims: list[int],
+                   phase0: int, *, horizon: int, prior_rate_per_hour: float,
+                   prior_strength: float) -> dict[str, TrendChoice]:
+    """{"price", "rate"} for one offer's history, fitted once per distinct history and question.
+
+    The key holds everything the answer is a function of (the choices are deterministic): the
+    hourly history itself (a digest of it), its phase, the horizon and the prior. Only stopped
+    instances and price ticks make the history, so the same ledger gives the same key; a new
+    tick or a newly stopped instance changes it and the next call fits."""
+    digest = hashlib.blake2b(repr((series, exposure, reclaims)).encode(), digest_size=16).hexdigest()
+    key = (offer_id, digest, phase0, horizon, prior_rate_per_hour, prior_strength)
+    with _cache_lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            return dict(_cache[key])  # a copy: a caller's change must not reach the next decision
+    price = choose_price(series, phase0, horizon=horizon, period=PERIOD)
+    rate = choose_rate(exposure, reclaims, phase0, horizon=horizon, period=PERIOD,
+                       prior_rate_per_hour=prior_rate_per_hour, prior_strength=prior_strength)
+    if rate.used and not (rate.value or 0) > 0:  # an estimator needs a positive rate
+        rate = TrendChoice("baseline", None, rate.forecast_error, rate.baseline_error, "forecast rate not > 0")
+    choice = {"price": price, "rate": rate}
+    with _cache_lock:
+        _cache[key] = dict(choice)
+        while len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+    return choice
 
 
 def trends_record(choices: dict[str, dict[str, TrendChoice]], horizon: int) -> dict:

@@ -365,8 +365,16 @@ def _least_error(models: Sequence, errors_of) -> tuple | None:
 #: forecast made after each of them is scored against what followed.
 HOLDOUT = 24
 #: The fit before the held-back part scores the grid at every FIT_EVERY-th origin only: a
-#: decision refits at each ask, and this keeps a month of history under about a second.
+#: decision fits again whenever an offer's history changed (control.trends keeps the answer
+#: until then), and this keeps a fit on a month of history well under a second.
 FIT_EVERY = 3
+#: The fewest reclaims the held-back part and the part before it must each hold for a rate
+#: forecast to be judged at all. With none held back, a forecast near 0 "beats" the cumulative
+#: rate without having learnt anything (its error is the reclaims it did not expect: none);
+#: with one or two, which model wins is decided by where those few fell. Five is where a
+#: Poisson count's relative spread, 1/sqrt(5), falls under a half. Below it the decision
+#: keeps the cumulative rate (and does not fit).
+MIN_RECLAIMS = 5
 
 
 @dataclass(frozen=True)
@@ -441,14 +449,19 @@ def choose_price(series: Sequence[float | None], phase0: int = 0, *, horizon: in
 
 def choose_rate(exposure_h: Sequence[float], reclaims: Sequence[int], phase0: int = 0, *, horizon: int,
                 prior_rate_per_hour: float, prior_strength: float, period: int = 24,
-                holdout: int = HOLDOUT) -> TrendChoice:
+                holdout: int = HOLDOUT, min_reclaims: int = MIN_RECLAIMS) -> TrendChoice:
     """`choose_price` for the reclaim rate: the fitted `SeasonalRate` against the cumulative rate
     over the same prior (`TrailingRate(None)`, what dispatch's estimator is), errors in reclaims
-    over the next `horizon` steps."""
+    over the next `horizon` steps. Judged only when the held-back part and the part before it
+    each hold at least `min_reclaims` reclaims (`MIN_RECLAIMS`); otherwise the baseline, unfitted."""
     cut = _cut(len(exposure_h), horizon, period, holdout)
     if cut is None:
         return _baseline(f"too little history: {len(exposure_h)} steps, under {period + horizon} to fit and "
                          f"{max(holdout, horizon)} held back")
+    fit_n, held_n = sum(reclaims[:cut]), sum(reclaims[cut:])
+    if fit_n < min_reclaims or held_n < min_reclaims:
+        return _baseline(f"too few reclaims to judge a rate forecast: {held_n} in the {len(exposure_h) - cut} "
+                         f"held-back steps and {fit_n} before them, under {min_reclaims} in each")
     prior = dict(prior_rate_per_hour=prior_rate_per_hour, prior_strength=prior_strength)
     try:
         model, _ = fit_rate_model([(exposure_h[:cut], reclaims[:cut], phase0)], horizon=horizon, period=period,

@@ -1,19 +1,22 @@
 """Offer choice and the deadline planner use an offer's price / reclaim-rate forecast only where it beat
 the naive figure (last price; cumulative rate over the offer's prior) on the offer's own held-back history,
-and their decision rows say which they used and both errors."""
+and their decision rows say which they used and both errors; the per-offer fit is kept while the offer's
+history is unchanged."""
 from __future__ import annotations
 
+import functools
 import json
 import random
 from types import SimpleNamespace
 
 import pytest
 
-from orbit_dagster.control import placement
+from orbit_dagster.control import placement, trends
 from orbit_dagster.control.deadline import choose
 from orbit_dagster.control.placement import rank_for
 from orbit_dagster.control.trends import HORIZON, MAX_HORIZON, trend_choices
 from orbit_dagster.core.execution import ExecutionRequest
+from orbit_dagster.policy import forecast
 from orbit_dagster.settings import Settings
 from tests.cost_ledger import T0, History, offer
 
@@ -59,6 +62,26 @@ def decide(ledger, offers, monkeypatch=None, baseline=False):
 @pytest.fixture
 def ledger(orbit_home):
     return Settings.from_env(orbit_home).ledger()
+
+
+@pytest.fixture(autouse=True)
+def fresh_trend_cache():
+    """Each test fits from nothing: a choice kept from another test's identical history is right,
+    but would hide what this one is about (a refit, a monkeypatched rule)."""
+    trends._cache.clear()
+    yield
+    trends._cache.clear()
+
+
+def count_fits(monkeypatch) -> dict[str, int]:
+    """Counts the grid searches `choose_price` / `choose_rate` run (policy.forecast's fits)."""
+    fits = {"price": 0, "rate": 0}
+    for name, fit in (("price", forecast.fit_price_model), ("rate", forecast.fit_rate_model)):
+        def counted(*a, _name=name, _fit=fit, **k):
+            fits[_name] += 1
+            return _fit(*a, **k)
+        monkeypatch.setattr(forecast, f"fit_{name}_model", counted)
+    return fits
 
 
 def test_a_daily_season_that_beats_the_last_price_reorders_the_offers_and_the_row_says_why(ledger, monkeypatch):
@@ -135,3 +158,68 @@ def test_the_deadline_planner_prices_spot_with_the_forecast_that_earned_it(ledge
     price = inputs["trends"]["offers"][SEASONAL.offer_id]["price"]
     assert price["source"] == "forecast" and inputs["spot_usd_per_hour"] == pytest.approx(price["value"])
     assert inputs["trends"]["horizon_hours"] == MAX_HORIZON
+
+
+def seasonal_history(ledger, o, days: int) -> History:
+    """Two-hour instances of `o` for `days`, reclaimed in the dear hours (6 a day), at a seasonal price."""
+    h = History(ledger)
+    for k, start in enumerate(range(0, days * 24, 2)):
+        h.attempt(f"{o.offer_id}-{k}", o, start=start * HOUR, stop=(start + 2) * HOUR, lost=dear(start))
+    ledger.commit({"price_ticks": ticks(o, [1.0 if dear(k) else 0.2 for k in range(days * 24 + 1)])})
+    return h
+
+
+def test_a_second_decision_on_the_same_history_does_not_refit_and_a_new_tick_or_instance_does(ledger,
+                                                                                            monkeypatch):
+    h = seasonal_history(ledger, SEASONAL, DAYS)
+    fits = count_fits(monkeypatch)
+    first = trend_choices(ledger, [SEASONAL])
+    assert {k: c.source for k, c in first[SEASONAL.offer_id].items()} == {"price": "forecast", "rate": "forecast"}
+    assert fits == {"price": 1, "rate": 1}
+
+    assert trend_choices(ledger, [SEASONAL]) == first  # the same history: the kept answer, no fit
+    order, _ = decide(ledger, [SEASONAL, FLAT])  # dispatch's ranking reads it too (FLAT: no history, no fit)
+    assert fits == {"price": 1, "rate": 1} and order[0] == SEASONAL.offer_id
+    trend_choices(ledger, [SEASONAL], horizon=HORIZON + 1)  # another question is another fit
+    assert fits == {"price": 2, "rate": 2}
+
+    # A price tick an hour after the last one lengthens the history: the next decision refits.
+    ledger.commit({"price_ticks": [{"offer_id": SEASONAL.offer_id, "ts": T0 + (DAYS * 24 + 1) * HOUR,
+                                    "usd_per_hour_spot": 0.2}]})
+    trend_choices(ledger, [SEASONAL])
+    assert fits == {"price": 3, "rate": 3}
+    # So does a newly stopped instance (the rate's exposure and reclaims change).
+    h.attempt("late", SEASONAL, start=(DAYS * 24 + 1) * HOUR, stop=(DAYS * 24 + 2) * HOUR, lost=True)
+    trend_choices(ledger, [SEASONAL])
+    assert fits == {"price": 4, "rate": 4}
+
+
+def test_the_kept_choices_are_bounded_least_recently_used_first_out(ledger, monkeypatch):
+    seasonal_history(ledger, SEASONAL, DAYS)
+    monkeypatch.setattr(trends, "CACHE_SIZE", 1)
+    fits = count_fits(monkeypatch)
+    trend_choices(ledger, [SEASONAL], horizon=3)
+    trend_choices(ledger, [SEASONAL], horizon=4)  # pushes out the horizon-3 answer
+    trend_choices(ledger, [SEASONAL], horizon=4)  # kept
+    assert len(trends._cache) == 1 and fits["price"] == 2
+    trend_choices(ledger, [SEASONAL], horizon=3)  # fitted again
+    assert fits["price"] == 3
+
+
+def test_an_offer_without_reclaims_held_back_keeps_the_cumulative_rate_and_the_row_says_why(ledger, monkeypatch):
+    # Hour-long instances, a third of them reclaimed for 4 days, then none for 6 (a flat price).
+    up_all_along(History(ledger), SEASONAL, DAYS * 24, reclaimed=lambda k: k % 3 == 0 and k < 4 * 24, session_h=1)
+    # Without the minimum-evidence rule, a forecast near 0 wins the reclaim-free held-back hours:
+    with monkeypatch.context() as m:
+        m.setattr(trends, "choose_rate", functools.partial(forecast.choose_rate, min_reclaims=0))
+        assert trend_choices(ledger, [SEASONAL])[SEASONAL.offer_id]["rate"].used
+    trends._cache.clear()
+
+    order, inputs = decide(ledger, [SEASONAL, FLAT])
+    rate = inputs["inputs"]["trends"]["offers"][SEASONAL.offer_id]["rate"]
+    assert rate["source"] == "baseline" and rate["value"] is None
+    assert rate["why"].startswith("too few reclaims to judge a rate forecast: 0 in the 24 held-back steps")
+    scored = {c["offer_id"]: c for c in inputs["candidates"]}
+    before, old = decide(ledger, [SEASONAL, FLAT], monkeypatch, baseline=True)
+    assert order == before
+    assert scored[SEASONAL.offer_id] == {c["offer_id"]: c for c in old["candidates"]}[SEASONAL.offer_id]

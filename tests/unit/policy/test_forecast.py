@@ -6,10 +6,12 @@ import pytest
 
 from orbit_dagster.core.errors import OrbitError
 from orbit_dagster.policy.forecast import (
+    MIN_RECLAIMS,
     NaiveState,
     SeasonalEW,
     SeasonalRate,
     TrailingRate,
+    choose_rate,
     fit_price_model,
     fit_rate_model,
     naive_errors,
@@ -104,3 +106,36 @@ def test_a_seasonal_reclaim_pattern_raises_its_phases_forecast():
     rates = model.forecast(exposure, reclaims, 24)
     assert rates[18] > 10 * rates[3]
     assert sum(rates) / 24 == pytest.approx((10 + 0.1) / (240 + 1.0), rel=0.15)
+
+
+# The rate gate's question: an hour of up-time per step, the offer's prior 0.05 reclaims an hour.
+GATE = dict(horizon=6, prior_rate_per_hour=0.05, prior_strength=1.0)
+
+
+def test_no_reclaim_held_back_is_no_evidence_for_a_rate_forecast():
+    # Reclaims every third hour for 4 days, then none for 6: held back (the last 24 h) there is
+    # none, so a decayed forecast near 0 beats the cumulative rate by default...
+    exposure = [1.0] * 240
+    reclaims = [1 if k % 3 == 0 and k < 4 * 24 else 0 for k in range(240)]
+    unguarded = choose_rate(exposure, reclaims, min_reclaims=0, **GATE)
+    assert unguarded.used and unguarded.forecast_error < unguarded.baseline_error
+    # ...which the minimum-evidence rule does not count as earned: the cumulative rate stays, unfitted.
+    kept = choose_rate(exposure, reclaims, **GATE)
+    assert kept.source == "baseline" and kept.forecast_error is None and kept.value is None
+    assert kept.why == (f"too few reclaims to judge a rate forecast: 0 in the 24 held-back steps and 32 before "
+                        f"them, under {MIN_RECLAIMS} in each")
+    # Reclaims held back but none before them: nothing to fit a pattern on either.
+    late = [1 if 10 <= k % 24 < 22 and k >= 216 else 0 for k in range(240)]
+    assert "12 in the 24 held-back steps and 0 before them" in choose_rate(exposure, late, **GATE).why
+
+
+def test_a_rate_forecast_is_judged_from_min_reclaims_on_each_side():
+    # A daily season of reclaims (every hour from 10:00 to 22:00): 12 held back, 108 before.
+    exposure = [1.0] * 240
+    reclaims = [1 if 10 <= k % 24 < 22 else 0 for k in range(240)]
+    assert MIN_RECLAIMS <= 12
+    judged = choose_rate(exposure, reclaims, **GATE)
+    assert judged.used and judged.forecast_error < judged.baseline_error
+    assert choose_rate(exposure, reclaims, min_reclaims=12, **GATE) == judged  # exactly enough held back
+    short = choose_rate(exposure, reclaims, min_reclaims=13, **GATE)
+    assert short.source == "baseline" and "12 in the 24 held-back steps and 108 before them" in short.why
