@@ -29,7 +29,10 @@ checkpoint at the notice, the restore), billed at the group's size; the interval
 the session's start, as for a gang rented anew (the agent on a kept survivor asks from the
 instance's own start: a difference of model, not of decision). Accounts are in seconds of
 the template's whole group (a second of a group of k of N nodes counts k/N), so `compare.summarise`
-turns them into GPU-hours as for a gang. Every decision is recorded in `extra["group_decisions"]`.
+turns them into GPU-hours as for a gang. Every decision is recorded in `extra["group_decisions"]`,
+and every completed save in `extra["group_checkpoints"]` (when it began on the trace's clock, the
+work it holds in seconds of the whole group, its tier, the session and the group's size then):
+what tests/integration/test_group_replay.py compares with the embedded market's checkpoints.
 """
 from __future__ import annotations
 
@@ -73,23 +76,33 @@ def decide(reclaim: GroupReclaim, *, nodes: int, min_nodes: int | None, can_keep
                                min_nodes=min_nodes, can_keep=can_keep)
 
     def rent(count: int) -> str | None:
-        need = len(plan.keep) + count
-        return None if reclaim.room >= need else (f"the zone holds {reclaim.room} node(s) after the reclaim, "
-                                                  f"not {need}")
+        if reclaim.room >= len(plan.keep) + count:
+            return None
+        # named by the first node that cannot be had, as the embedded market says it when it rents
+        # the replacements one by one, each by its node's series (providers/sim/node_trace.py)
+        return f"the zone holds {reclaim.room} node(s) after the reclaim, not {max(reclaim.room, len(plan.keep)) + 1}"
 
     return plan.mode, settle(plan, nodes=nodes, min_nodes=min_nodes, survivors_up=True, rent=rent)
 
 
 class _GroupBook(_Book):
-    """A session's accounts at the group's size: seconds counted as a share of the whole group."""
+    """A session's accounts at the group's size: seconds counted as a share of the whole group.
+    It also lists the session's completed saves (`saves`): when each began on the trace's clock and
+    how much of the job's work (in seconds of the whole group) it holds. `_session` books the
+    work before a save, then the save, so the work so far is known at each."""
 
-    def __init__(self, res: ReplayResult, prices: _PriceClock, share: float):
+    def __init__(self, res: ReplayResult, prices: _PriceClock, share: float, durable_s: float = 0.0):
         super().__init__(res, prices)
-        self.share = share
+        self.share, self.durable_s, self.worked_s = share, durable_s, 0.0
+        self.saves: list[dict] = []
 
     def add(self, account: str, a: float, b: float) -> None:
+        if account == "checkpoint":  # (a save of no time is a save too: a model that does not count its time)
+            self.saves.append({"at_s": a, "work_s": self.durable_s + self.worked_s * self.share, "tier": "durable"})
         if b <= a:
             return
+        if account == "useful":
+            self.worked_s += b - a
         setattr(self.res, f"{account}_s", getattr(self.res, f"{account}_s") + (b - a) * self.share)
         setattr(self.res, f"{account}_usd", getattr(self.res, f"{account}_usd") + self.prices.cost(a, b))
 
@@ -102,13 +115,14 @@ def replay_group(trace: Trace, strategy: CheckpointStrategy, job: JobParams, *, 
     stop_at = job.start_s + horizon
     res = ReplayResult(policy=strategy.name, finished=False, work_s=job.work_s, wall_s=horizon)
     decisions: list[dict] = []
+    saves: list[dict] = []
     size, t, durable = job.nodes, job.start_s, 0.0
     while t < stop_at:
         run = next(up_runs(trace, t, stop_at - t, nodes=size, cyclic=True), None)
         if run is None:
             break
         s0, e, reclaimed = run
-        book = _GroupBook(res, _PriceClock(trace, job.spot_usd_per_hour, size), size / job.nodes)
+        book = _GroupBook(res, _PriceClock(trace, job.spot_usd_per_hour, size), size / job.nodes, durable)
         emergencies = res.emergency_checkpoints
         # A group of k of N nodes trains at k/N of the whole group's pace (the same global batch
         # each step, more micro-batches per rank): the session sees the work left in its own seconds.
@@ -116,6 +130,9 @@ def replay_group(trace: Trace, strategy: CheckpointStrategy, job: JobParams, *, 
         end, done_here, done = _session(s0, e, reclaimed, 0.0, strategy,
                                         replace(job, work_s=(job.work_s - durable) / pace), book)
         durable = job.work_s if done else durable + done_here * pace
+        if res.emergency_checkpoints > emergencies:  # a session's emergency save is its last
+            book.saves[-1]["tier"] = "emergency"
+        saves += [{**c, "session": res.sessions, "size": size} for c in book.saves]
         res.sessions += 1
         res.paid_s += (end - s0) * size / job.nodes
         res.cost_usd += book.prices.cost(s0, end)
@@ -139,4 +156,5 @@ def replay_group(trace: Trace, strategy: CheckpointStrategy, job: JobParams, *, 
         size, t = plan.size, (end if plan.mode != "regroup" else e)
     res.useful_s = durable
     res.extra["group_decisions"] = decisions
+    res.extra["group_checkpoints"] = saves
     return res

@@ -2,7 +2,8 @@
 
 Offers are real GCE GPU prices; each instance is a real local process (sim_host) with its
 own workspace, metadata endpoint and heartbeat, billed per second at its offer's price.
-Reclaims come from a schedule (none, a replayed trace, or an injected one).
+Reclaims come from a schedule (none, a replayed trace, an N-node trace node by node, or an
+injected one).
 """
 from __future__ import annotations
 
@@ -58,7 +59,9 @@ def pid_alive(pid: int) -> bool:
 
 class ReclaimSchedule(Protocol):
     def reclaim_at(self, offer: Offer, start_wall: float) -> float | None:
-        """Wall-clock time at which an instance of `offer` started at `start_wall` is reclaimed."""
+        """Wall-clock time at which an instance of `offer` started at `start_wall` is reclaimed
+        (None: never; NoCapacity: the market has none to rent now). A schedule with `by_node`
+        set is also given the instance's node rank (`node=`): node_trace.NodeTraceReclaims."""
 
 
 class NoReclaims:
@@ -132,7 +135,7 @@ class SimProvider:
             "instance_id": instance_id,
             "offer": json.loads(offer.model_dump_json()),
             "usd_per_second": offer.usd_per_second,
-            "reclaim_at": self.schedule.reclaim_at(offer, start),
+            "reclaim_at": self._reclaim_at(offer, start, tags),
             "notice_seconds": self.notice_seconds,
             "grace_seconds": self.grace_seconds,
             "tags": tags,
@@ -160,6 +163,13 @@ class SimProvider:
                 )
             time.sleep(0.05)
         raise NoCapacity(f"sim instance {instance_id} did not boot within 20 s", provider=self.name)
+
+    def _reclaim_at(self, offer: Offer, start: float, tags: dict[str, str]) -> float | None:
+        # A schedule that replays an N-node trace node by node (node_trace.py) follows the
+        # instance's own node: its rank in the group it is rented for (0 outside a group).
+        if getattr(self.schedule, "by_node", False):
+            return self.schedule.reclaim_at(offer, start, node=int(tags.get("orbit/node", 0)))
+        return self.schedule.reclaim_at(offer, start)
 
     def instance_alive(self, instance: InstanceHandle) -> bool:
         state = self.host_state(instance.instance_id)

@@ -14,8 +14,9 @@ reclaims. Two drivers walk it:
 
 Both must reach the same decision at every reclaim: the group's size, the lost and the stuck
 ranks, replace/shrink/regroup and the next group's size. A unit-level replay on the shared
-policy: the embedded market's hosts do not replay an N-node trace node by node (each host's
-reclaims come from its zone's 1-node trace), so an end-to-end run of the same trace is not built.
+policy, over several reclaims and without a notice too; the end-to-end run of a group on the
+embedded market replaying an N-node trace node by node, checkpoints included, is
+tests/integration/test_group_replay.py (one reclaim with a notice, elastic and not).
 """
 from __future__ import annotations
 

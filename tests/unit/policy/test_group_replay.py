@@ -32,7 +32,8 @@ def test_elastic_shrinks_on_a_partial_reclaim_and_regroups_below_the_floor():
     ]
     d = res.extra["group_decisions"]
     assert all(x["emergency_checkpoint"] and x["released_at"] <= x["at_s"] for x in d)  # within the notice
-    assert "the zone holds 1 node(s) after the reclaim, not 3" in d[1]["reason"]
+    # named by the first node it cannot rent (node rank 1, the second), as the embedded market names it
+    assert "the zone holds 1 node(s) after the reclaim, not 2" in d[1]["reason"]
     # the accounts add up, seconds counted as a share of the whole group
     parts = res.useful_s + res.checkpoint_s + res.restart_s + res.wasted_s + res.in_flight_s
     assert res.paid_s == pytest.approx(parts) and res.useful_s == pytest.approx(6 * 3600.0)
@@ -48,6 +49,23 @@ def test_a_shrunk_group_trains_at_its_share_of_the_pace_and_pays_for_its_nodes_o
     assert d["mode"] == "shrink" and res.finished
     assert res.wall_s == pytest.approx(d["released_at"] + 300.0 + left * 3 / 2 + 60.0)  # restore, work, final save
     assert res.cost_usd == pytest.approx((3 * d["released_at"] + 2 * (res.wall_s - d["released_at"])) / 3600.0)
+
+
+def test_every_completed_save_is_listed_with_the_work_it_holds_on_the_trace_clock():
+    """The saves `extra["group_checkpoints"]` lists (what the end-to-end comparison reads): the
+    periodic ones every interval of session time, the emergency one at the notice (when its save
+    fits between the notice and the reclaim at the 1.5 margin), then the shrunk group's, its
+    work counted at 2/3 of the pace."""
+    t = trace(((3, 10), (2, 1000)))  # 3 nodes for 600 s, then 2
+    params = job(work_s=900.0, save_s=0.0, emergency_save_s=80.0, restore_s=0.0)
+    res = replay_group(t, FixedInterval(220.0, uses_notice=True), params, min_nodes=2)
+    saves = [(c["at_s"], round(c["work_s"], 6), c["tier"], c["size"]) for c in res.extra["group_checkpoints"]]
+    # 480 s: the notice (600 - 120), the emergency save 80 s long; the survivors go on at 560 s,
+    # 420 s of the group's work left at 2/3 of the pace (630 s), saving every 220 s of their time
+    assert saves == [(220.0, 220.0, "durable", 3), (440.0, 440.0, "durable", 3), (480.0, 480.0, "emergency", 3),
+                     (780.0, round(480.0 + 220.0 * 2 / 3, 6), "durable", 2),
+                     (1000.0, round(480.0 + 440.0 * 2 / 3, 6), "durable", 2), (1190.0, 900.0, "durable", 2)]
+    assert res.finished and res.checkpoints + res.emergency_checkpoints == len(saves)
 
 
 def test_not_elastic_on_a_count_trace_is_the_gang_replay():
