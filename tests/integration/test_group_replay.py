@@ -143,6 +143,7 @@ class GroupReplay:
                         force_reclaim(self.settings, job, at_step=notice_step, notice_seconds=NOTICE_WALL_S, node=node)
                     session["reclaim"] = {"at_s": e, "lost": list(lost), "notice_step": notice_step}
                 outcome = bg.join(timeout=240)
+                assert not bg.thread.is_alive(), f"attempt {attempt} still running after 240 s"
                 session["wall_s"] = time.time() - started
                 if outcome.state != "LOST":
                     continue
