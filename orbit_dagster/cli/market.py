@@ -98,3 +98,22 @@ def sim_reclaim(job: str, at_step: int | None, notice_seconds: float | None, nod
     where = f"node {armed['node']} of {armed['nodes']} ({armed['instance']})" if armed["nodes"] > 1 else armed["instance"]
     click.echo(f"{job}: attempt {armed['attempt']} on {where} is reclaimed {when} "
                f"(notice {armed['notice_seconds']:g} s before); `orbit logs {job}` shows how it ends")
+
+
+@sim.command("rebalance")
+@click.argument("job")
+@click.option("--at-step", type=int, default=None, help="once the workload reports this training step (default: now)")
+@click.option("--node", type=int, default=None,
+              help="which node of a job that spans several instances (default: node 0; docs/multi-node.md)")
+def sim_rebalance(job: str, at_step: int | None, node: int | None) -> None:
+    """Serve AWS's rebalance recommendation on the instance running JOB (no reclaim follows):
+    the template's checkpoint.on_rebalance answers it (docs/recovery.md)."""
+    from ..control.forced_reclaim import force_rebalance
+    from ..core.submission import check_job_id
+
+    check_job_id(job)
+    armed = force_rebalance(load_settings(), job, at_step=at_step, node=node)
+    when = f"when it reports step {at_step}" if at_step is not None else "now"
+    where = f"node {armed['node']} of {armed['nodes']} ({armed['instance']})" if armed["nodes"] > 1 else armed["instance"]
+    click.echo(f"{job}: attempt {armed['attempt']} on {where} is recommended to rebalance {when}; "
+               f"`orbit logs {job}` shows what the job does about it")

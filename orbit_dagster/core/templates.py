@@ -72,8 +72,10 @@ class CheckpointPolicy(BaseModel):
     # sqrt(2 * save time * MTBF); `fixed`: every_steps as written.
     interval_policy: Literal["orbit", "fixed", "young-daly"] = "orbit"
     # On AWS's rebalance recommendation (often minutes before the 2-minute notice): `checkpoint`
-    # takes an early durable checkpoint at the next step boundary; `record` only records it.
-    on_rebalance: Literal["checkpoint", "record"] = "checkpoint"
+    # takes an early durable checkpoint at the next step boundary; `record` only records it;
+    # `migrate` takes it too and has the control plane move the job make-before-break when the
+    # migration policy says the work left is long enough for the move to pay.
+    on_rebalance: Literal["checkpoint", "record", "migrate"] = "checkpoint"
     store: Literal["fs", "s3"] = "fs"
     keep_latest: StrictInt = Field(3, ge=1)
     keep_best: StrictInt = Field(2, ge=0)

@@ -2,9 +2,10 @@
 
 The interruption sensor decides (a host lost while no run followed it, a cancelled workload
 still running, a dispatch abandoned, an instance still metered after its attempt, a LOST
-job to requeue); the price-feed sensor decides migrations. Each decision becomes one run of
-`rental_job`, keyed by the decision and tagged with the job, attempt, provider, offer and
-failure class, which carries it out (`control.reconcile.act`, `control.migration.carry_out`).
+job to requeue); the price-feed sensor decides migrations (rising risk, a deadline, a rebalance
+recommendation: tag `orbit/trigger`). Each decision becomes one run of `rental_job`, keyed by
+the decision and tagged with the job, attempt, provider, offer and failure class, which
+carries it out (`control.reconcile.act`, `control.migration.carry_out`).
 """
 
 import json
@@ -65,7 +66,7 @@ def decision_request(d: Decision) -> dg.RunRequest:
 def migration_request(move: dict) -> dg.RunRequest:
     tags = {"orbit/job": move["job_id"], "orbit/attempt": str(move["attempt"]), "orbit/action": "migrate",
             "orbit/kind": "rental", "orbit/provider": move["provider"], "orbit/offer": move["to"],
-            "orbit/instance": move["instance_id"]}
+            "orbit/instance": move["instance_id"], "orbit/trigger": move.get("trigger", "risk")}
     config = {"action": "migrate", "job_id": move["job_id"], "attempt": int(move["attempt"]), "reason": move["reason"][:1000],
               "run_id": move["run_id"], "instance_id": move["instance_id"], "provider": move["provider"],
               "offer_id": move["to"], "move": json.dumps(move)}

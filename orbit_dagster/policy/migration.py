@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Literal, Sequence
 
 from orbit_dagster.catalog.reclaim_model import ReclaimModel
 from orbit_dagster.core.errors import OrbitError
@@ -86,6 +86,34 @@ def decide_move(history: Sequence[float], *, current: Offer, ranked: Sequence[Of
     return target, decision
 
 
+def rebalance_rate(offer: Offer, reclaim_times: Sequence[float], spans: Sequence[tuple[float, float | None]], *,
+                   now: float, scale: float = 1.0, model: ReclaimModel | None = None) -> float:
+    """The offer's reclaim rate per hour once AWS recommends rebalancing off it: its estimate
+    now (as `risk_history` computes it) with the recommendation counted as one more reclaim
+    observed now. AWS gives no rate with it, only "elevated risk"; one reclaim's worth of
+    evidence is the smallest honest reading, and it weighs more the less the offer has been
+    watched."""
+    return risk_history(offer, [*reclaim_times, now], spans, now=now, window_s=1.0, windows=1, scale=scale,
+                        model=model)[-1]
+
+
+def decide_on_rebalance(rate_per_hour: float, *, current: Offer, ranked: Sequence[Offer], remaining_work_s: float,
+                        save_s: float, restore_s: float, notice_s: float,
+                        model: ReclaimModel | None = None) -> tuple[Offer, MigrationDecision] | None:
+    """`checkpoint.on_rebalance: migrate`: the question asked when the job's host reports a
+    rebalance recommendation. None when no other offer is ranked; else the target (as in
+    `decide_move`) and `should_migrate`'s decision with the recommendation as the trigger in
+    place of three rising windows: the same costs, so the move is made only when the work left
+    is long enough for it to pay for itself."""
+    target = next((o for o in ranked if o.offer_id != current.offer_id), None)
+    if target is None:
+        return None
+    decision = should_migrate([rate_per_hour], remaining_work_s=remaining_work_s, current=current, target=target,
+                              target_rate_per_hour=ReclaimRateEstimator.for_offer(target, model).rate_per_hour,
+                              save_s=save_s, restore_s=restore_s, notice_s=notice_s, trigger="rebalance")
+    return target, decision
+
+
 def finish_cost(remaining_work_s: float, usd_per_s: float, rate_per_hour: float, *, save_s: float,
                 restore_s: float, notice_s: float) -> tuple[float, float]:
     """(expected $ to finish, goodput) for ``remaining_work_s`` on an instance at that price and risk."""
@@ -98,12 +126,17 @@ def finish_cost(remaining_work_s: float, usd_per_s: float, rate_per_hour: float,
 def should_migrate(risk_history: Sequence[float], *, remaining_work_s: float, current: Offer, target: Offer,
                    target_rate_per_hour: float, save_s: float = 60.0, restore_s: float = 300.0,
                    notice_s: float = 120.0, budget_left_usd: float | None = None,
-                   windows: int = 3) -> MigrationDecision:
+                   windows: int = 3, trigger: Literal["risk", "rebalance"] = "risk") -> MigrationDecision:
     """Decide whether to move from ``current`` to ``target`` now.
 
     ``risk_history`` is the current offer's reclaim rate per hour, one value per window
-    (oldest first), e.g. from the price/availability feed's estimator.
+    (oldest first), e.g. from the price/availability feed's estimator. ``trigger``: `risk`,
+    the rate must have risen ``windows`` windows in a row; `rebalance`, the host reported AWS's
+    rebalance recommendation, which is the trigger itself (the last value: `rebalance_rate`).
     """
+    if trigger not in ("risk", "rebalance"):
+        raise OrbitError(f"trigger {trigger!r} is not a migration trigger", field="trigger", value=trigger,
+                         fix="use risk or rebalance")
     if remaining_work_s < 0:
         raise OrbitError("remaining_work_s must be >= 0", field="remaining_work_s", value=remaining_work_s,
                          fix="pass the seconds of work left")
@@ -113,8 +146,9 @@ def should_migrate(risk_history: Sequence[float], *, remaining_work_s: float, cu
     cur_rate = float(risk_history[-1]) if risk_history else 0.0
     inputs = {"risk_history": [float(r) for r in risk_history], "remaining_work_s": remaining_work_s,
               "current": current.offer_id, "target": target.offer_id, "target_rate_per_hour": target_rate_per_hour,
-              "save_s": save_s, "restore_s": restore_s, "notice_s": notice_s, "budget_left_usd": budget_left_usd}
-    if not risk_rising(risk_history, windows):
+              "save_s": save_s, "restore_s": restore_s, "notice_s": notice_s, "budget_left_usd": budget_left_usd,
+              "trigger": trigger}
+    if trigger == "risk" and not risk_rising(risk_history, windows):
         return MigrationDecision(False, f"risk has not risen {windows} windows in a row", inputs=inputs)
     kw = dict(save_s=save_s, restore_s=restore_s, notice_s=notice_s)
     stay, g_stay = finish_cost(remaining_work_s, current.usd_per_second, cur_rate, **kw)
@@ -128,8 +162,10 @@ def should_migrate(risk_history: Sequence[float], *, remaining_work_s: float, cu
         return MigrationDecision(False, "remaining work too short for the move to pay for itself", inputs=inputs)
     if budget_left_usd is not None and go + move > budget_left_usd:
         return MigrationDecision(False, "the move does not fit the job's remaining budget", inputs=inputs)
-    return MigrationDecision(True, f"risk rose {windows} windows in a row and moving saves "
-                                   f"{stay - go - move:.2f} USD in expectation", MAKE_BEFORE_BREAK, inputs)
+    why = ("AWS recommends rebalancing off the instance" if trigger == "rebalance"
+           else f"risk rose {windows} windows in a row")
+    return MigrationDecision(True, f"{why} and moving saves {stay - go - move:.2f} USD in expectation",
+                             MAKE_BEFORE_BREAK, inputs)
 
 
 def _r(x: float) -> float | None:

@@ -292,8 +292,10 @@ def _run_command(args, job, bundle, workdir, events, store, watcher, ck) -> tupl
 def _on_rebalance(watcher, events, ck: dict, ask, action: str) -> None:
     """What the agent does on a rebalance recommendation from now on: record it in the event
     stream and, unless the template says `checkpoint.on_rebalance: record`, ask for an early
-    durable save (`action`: `checkpoint`, the SDK's; `schedule`, a command's published schedule)."""
-    act = ck.get("on_rebalance", "checkpoint") == "checkpoint"
+    durable save (`action`: `checkpoint`, the SDK's; `schedule`, a command's published schedule).
+    With `migrate` the save is asked for too: it is the answer when the control plane decides
+    not to move, and the newest durable state on the old host if it moves."""
+    act = ck.get("on_rebalance", "checkpoint") in ("checkpoint", "migrate")
 
     def on_rebalance(r: dict) -> None:
         events.emit(Rebalance(**r, action=action if act else "record"))

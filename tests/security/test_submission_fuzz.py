@@ -40,6 +40,7 @@ PLAUSIBLE = {
     "resources.gpu": st.sampled_from(["any", "H100", "h100", "L4", "A100", "A100-80G", "H900", "a100-80gb", ""]),
     "max_price_per_gpu_hour": num(-1, 50), "checkpoint.every_steps": num(-1, 100),
     "checkpoint.interval_policy": st.sampled_from(["orbit", "fixed", "young-daly", "daly"]),
+    "checkpoint.on_rebalance": st.sampled_from(["checkpoint", "record", "migrate", "move"]),
     "checkpoint.store": st.sampled_from(["fs", "s3", "gcs"]), "max_interruptions": num(-1, 20),
     "deadline_hours": num(-1, 100),
 }

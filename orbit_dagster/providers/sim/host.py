@@ -4,8 +4,10 @@ A real local process that plays the machine: it serves the AWS-compatible metada
 on loopback, runs the workload it is asked to launch (launch.json) as its child, keeps a
 heartbeat for billing, and carries out its reclaim schedule: notice at `reclaim_at -
 notice_seconds`, SIGTERM at `reclaim_at`, SIGKILL `grace_seconds` later, then its local
-disk (`work/`) is wiped, as a reclaimed VM's would be. Everything it knows is in files
-in INSTANCE_DIR, so a new control-plane process can re-attach at any time.
+disk (`work/`) is wiped, as a reclaimed VM's would be. The market's operator may also have
+it serve AWS's rebalance recommendation, now or once the workload reaches a training step.
+Everything it knows is in files in INSTANCE_DIR, so a new control-plane process can
+re-attach at any time.
 """
 from __future__ import annotations
 
@@ -48,8 +50,10 @@ class Host:
         self.started_at = time.time()
         self.notice_at: float | None = None
         self.reclaim_step: tuple[int, float] | None = None  # (training step, notice seconds)
+        self.rebalance_step: int | None = None  # the training step that brings the recommendation
         self._progress_files: list[Path] = []  # whose steps count (a group's nodes'); default its own
         self._events_offsets: dict[Path, int] = {}
+        self._step_seen = -1  # the highest training step read from the progress files so far
         reclaim_at = self.spec.get("reclaim_at")
         self.reclaim_at: float | None = float(reclaim_at) if reclaim_at is not None else None
         if self.reclaim_at is not None:
@@ -73,6 +77,13 @@ class Host:
                         body = json.dumps({"action": "terminate", "time": iso(host.reclaim_at)}).encode()
                         return self._send(200, body, "application/json")
                     return self._send(404, b"Not Found", "text/plain")
+                if self.path.rstrip("/") == "/latest/meta-data/events/recommendations/rebalance":
+                    # Written once the operator's order (`SimProvider.inject_rebalance`) is due
+                    # (`serve_rebalance`): AWS's recommendation, 404 until then, as EC2 serves it.
+                    try:
+                        return self._send(200, (host.root / "rebalance.json").read_bytes(), "application/json")
+                    except OSError:
+                        return self._send(404, b"Not Found", "text/plain")
                 if self.path.rstrip("/") == "/latest/meta-data/instance-id":
                     return self._send(200, host.spec["instance_id"].encode(), "text/plain")
                 return self._send(404, b"Not Found", "text/plain")
@@ -183,23 +194,54 @@ class Host:
             self.reclaim_at = at
             self.notice_at = at - notice_s
 
-    def maybe_reclaim_at_step(self) -> None:
-        """A reclaim set by training progress: the notice as soon as the workload's event
-        stream shows the step (read incrementally, every tick)."""
-        if self.reclaim_step is None:
-            return
-        step, notice = self.reclaim_step
+    def progress_step(self) -> int:
+        """The highest training step the workload's event stream shows (on a group, any of its
+        nodes' streams: `progress_files`), read incrementally, every tick, while a trigger waits."""
         for path in self._progress_files or [self.work / "artifacts" / EVENTS_FILE]:
             try:  # a line still being written waits for the next tick
                 entries, self._events_offsets[path] = read_file(path, self._events_offsets.get(path, 0))
             except OSError:
                 continue
-            for ev in entries:
-                if isinstance(ev, STEP_EVENTS) and ev.step >= step:
-                    now = time.time()
-                    self._reclaim(now + notice, notice)
-                    self.reclaim_step = None
-                    return
+            self._step_seen = max([self._step_seen, *(ev.step for ev in entries if isinstance(ev, STEP_EVENTS))])
+        return self._step_seen
+
+    def maybe_reclaim_at_step(self) -> None:
+        """A reclaim set by training progress: the notice as soon as the workload reports the step."""
+        if self.reclaim_step is None:
+            return
+        step, notice = self.reclaim_step
+        if self.progress_step() >= step:
+            now = time.time()
+            self._reclaim(now + notice, notice)
+            self.reclaim_step = None
+
+    def maybe_schedule_rebalance(self) -> None:
+        """An injected rebalance recommendation (the market's operator, or a test) in
+        `rebalance-order.json`: served now, or once the workload reports `at_step`."""
+        req = self.root / "rebalance-order.json"
+        if not req.exists():
+            return
+        spec = json.loads(req.read_text())
+        if "at_step" in spec:
+            self.rebalance_step = int(spec["at_step"])
+            self._progress_files = [Path(f) for f in spec.get("progress_files", [])] or self._progress_files
+        else:
+            self.serve_rebalance()
+        req.rename(self.root / f"rebalance-order-applied-{time.time_ns()}.json")
+
+    def maybe_rebalance_at_step(self) -> None:
+        """A recommendation set by training progress: served from the tick that reads the step,
+        so what follows it (the agent's poll, its early checkpoint, the control plane's
+        decision) starts at the same step on a fast machine or a slow one."""
+        if self.rebalance_step is not None and self.progress_step() >= self.rebalance_step:
+            self.rebalance_step = None
+            self.serve_rebalance()
+
+    def serve_rebalance(self) -> None:
+        """From now on the metadata endpoint serves the recommendation, stamped now, as EC2 does."""
+        if not (self.root / "rebalance.json").exists():
+            write_json(self.root / "rebalance.json",
+                       {"noticeTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")})
 
     def run(self) -> None:
         port = self.serve_metadata()
@@ -210,6 +252,8 @@ class Host:
             self.maybe_launch()
             self.maybe_schedule_reclaim()
             self.maybe_reclaim_at_step()
+            self.maybe_schedule_rebalance()
+            self.maybe_rebalance_at_step()
             self.reap()
             term = self.root / "terminate.json"
             if term.exists():

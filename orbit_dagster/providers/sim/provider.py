@@ -245,6 +245,17 @@ class SimProvider:
             spec["progress_files"] = [str(Path(r.run_ref) / "artifacts" / "events.jsonl") for r in progress_of]
         write_json(self._dir(instance.instance_id) / "reclaim.json", spec)
 
+    def inject_rebalance(self, instance: InstanceHandle, *, at_step: int | None = None,
+                         progress_of: list[RunHandle] | None = None) -> None:
+        """Serve AWS's rebalance recommendation on the instance's metadata endpoint (the market
+        operator's override; no reclaim follows unless one is injected too): now, or, with
+        `at_step`, once the workload on the instance (on any of `progress_of`'s instances: a
+        group's nodes) has reported that training step, as `inject_reclaim` does."""
+        spec: dict = {} if at_step is None else {"at_step": int(at_step)}
+        if progress_of:
+            spec["progress_files"] = [str(Path(r.run_ref) / "artifacts" / "events.jsonl") for r in progress_of]
+        write_json(self._dir(instance.instance_id) / "rebalance-order.json", spec)
+
     def notices(self, instance: InstanceHandle) -> list[Notice]:
         url = instance.address.get("metadata_url")
         if not url or not self.instance_alive(instance):

@@ -81,6 +81,7 @@ ISSUE_CASES = [  # (override, field, words of the fix), as filed against the unt
     ("config.micro_batch=true", "config.micro_batch", "integer"),
     ("placement=local", "placement", "'sim', 'ssh_rental', 'aws_spot'"),
     ("checkpoint.interval_policy=sometimes", "checkpoint.interval_policy", "'orbit', 'fixed', 'young-daly'"),
+    ("checkpoint.on_rebalance=move", "checkpoint.on_rebalance", "'checkpoint', 'record', 'migrate'"),
     ("deadline_hours=0", "deadline_hours", "> 0"),
     ("deadline_hours=-3", "deadline_hours", "> 0"),
     ("max_price_per_gpu_hour=free", "max_price_per_gpu_hour", "number > 0"),

@@ -63,3 +63,27 @@ def test_bad_inputs():
     with pytest.raises(OrbitError) as err:
         should_migrate(RISING, remaining_work_s=-1, current=CUR, target=TGT, target_rate_per_hour=0.1)
     assert err.value.field == "remaining_work_s"
+
+
+def test_a_rebalance_recommendation_is_the_trigger_and_the_work_left_decides():
+    """`checkpoint.on_rebalance: migrate`: no three rising windows needed; the same costs decide,
+    so a long job moves and a job near its end stays with its early checkpoint."""
+    from orbit_dagster.policy.migration import decide_on_rebalance, rebalance_rate
+
+    cur, other = CUR, TGT
+    now = 1_000_000.0
+    # The fleet saw the offer reclaim often; the recommendation counts as one more reclaim.
+    lost = [now - 3600 + 10 * i for i in range(100)]
+    spans = [(t - 10, t) for t in lost]
+    rate = rebalance_rate(cur, lost, spans, now=now)
+    assert rate > rebalance_rate(cur, lost[:-1], spans[:-1], now=now) > 0
+    with pytest.raises(OrbitError) as err:
+        should_migrate([rate], remaining_work_s=1, current=CUR, target=TGT, target_rate_per_hour=0.1, trigger="price")
+    assert err.value.field == "trigger"
+    kw = dict(current=cur, ranked=[cur, other], save_s=1.0, restore_s=10.0, notice_s=120.0)
+    target, long = decide_on_rebalance(rate, remaining_work_s=3600, **kw)
+    assert target.offer_id == "tgt" and long.migrate and long.inputs["trigger"] == "rebalance"
+    assert "rebalancing" in long.reason
+    _, short = decide_on_rebalance(rate, remaining_work_s=60, **kw)
+    assert not short.migrate and "too short" in short.reason
+    assert decide_on_rebalance(rate, remaining_work_s=60, **{**kw, "ranked": [cur]}) is None
