@@ -3,7 +3,8 @@
 # its part: the end-to-end tests (tests/e2e: one Dagster daemon at a time, one demo run
 # shared by them), then, in the same lane, the team profile at scale (tests/scale: jobs
 # through a daemon on PostgreSQL) and the bring-your-own routes (real frameworks: HF,
-# Lightning, torchrun); the other integration tests; the rest (unit, security, reliability). Most tests wait on real processes, so two cores keep three lanes busy; the
+# Lightning, torchrun); the other integration tests; the rest (unit, security, reliability), then the two
+# integration tests in TO_REST. Most tests wait on real processes, so two cores keep three lanes busy; the
 # two parts that run a daemon with many jobs take turns, as four lanes at once loaded a
 # 2-core machine five times over and doubled the suite's time.
 # Extra arguments go to every part (`make test-all` passes `-m ''`). Exits non-zero when
