@@ -5,7 +5,11 @@ save and a 2 -> 1 reshard load, through the production path, against raw I/O of 
   the given size (DTensors sharded on dim 0, what FSDP holds), `dcp.save` into a directory
   (each rank its shard, rank 0 the metadata), timed on rank 0 from the call to its return;
   and `dcp.async_save` (the fsdpscript's periodic save): the seconds until it returns (the
-  training thread's share: staging into host memory) and until its future is done. Then the
+  training thread's share: staging into host memory) and until its future is done, twice
+  with DCP's default stager (new host memory on every call) and twice through one kept
+  stager (the script's `reused_stager`: the first save allocates, the second copies into the
+  same buffers, which is what every later save of a run does), the pair that goes first
+  alternating between repeats. Then the
   agent's registration of the directory into the filesystem store
   (`runtime.command.store_files`: every shard streamed, hashed part by part, manifest last).
 - load: the registered checkpoint verified in the store (`checkout`, no copy) and loaded by
@@ -14,6 +18,13 @@ Raw: write+fsync of the same number of bytes from memory, and a cold read of the
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 bench/sharded_io.py DIR BYTES
 is the worker; `measure(nbytes, root, repeat)` runs it and returns the timings.
+
+    python bench/sharded_io.py --staging --sizes 100M,1G [--repeat 3] [--tensor-mb 16]
+prints only the async_save comparison (default stager against the reused one), side by side.
+The tensor size matters on the CPU: glibc serves allocations under its mmap threshold (at
+most 32 MiB) from memory a freed copy returned to it, so the default stager's second copy of
+small tensors lands in warm pages anyway; larger ones are mapped afresh, and faulted in, on
+every save.
 """
 from __future__ import annotations
 
@@ -31,12 +42,12 @@ REPO = Path(__file__).resolve().parents[1]
 TENSOR_FLOATS = 4 << 20  # 16 MB float32 tensors, like the other benchmark's state
 
 
-def _shapes(nbytes: int) -> list[int]:
+def _shapes(nbytes: int, tensor_floats: int = TENSOR_FLOATS) -> list[int]:
     total = nbytes // 4
-    return [min(TENSOR_FLOATS, total - i) for i in range(0, total, TENSOR_FLOATS)]
+    return [min(tensor_floats, total - i) for i in range(0, total, tensor_floats)]
 
 
-def worker(directory: str, nbytes: int) -> None:
+def worker(directory: str, nbytes: int, tensor_floats: int = TENSOR_FLOATS, reused_first: int = 0) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
@@ -47,7 +58,7 @@ def worker(directory: str, nbytes: int) -> None:
     mesh = init_device_mesh("cpu", (world,))
     g = torch.Generator().manual_seed(rank)
     state = {}
-    for i, n in enumerate(_shapes(nbytes)):
+    for i, n in enumerate(_shapes(nbytes, tensor_floats)):
         local = torch.randn(n // world, generator=g)  # this rank's half, made here: no rank holds the whole
         state[f"layer{i}.weight"] = DTensor.from_local(local, mesh, [Shard(0)], shape=torch.Size([n // world * world]),
                                                        stride=(1,))
@@ -57,16 +68,37 @@ def worker(directory: str, nbytes: int) -> None:
     t0 = time.perf_counter()
     dcp.save({"model": state}, checkpoint_id=os.path.join(directory, "sync"), process_group=group)
     out["save"] = time.perf_counter() - t0
-    dist.barrier()
-    t0 = time.perf_counter()
-    future = dcp.async_save({"model": state}, checkpoint_id=os.path.join(directory, "async"), process_group=group)
-    out["async_blocked"] = time.perf_counter() - t0
-    future.result()
-    out["async_save"] = time.perf_counter() - t0
+    out.update(_async_saves(dcp, dist, state, directory, group, bool(reused_first)))
     dist.barrier()
     if rank == 0:
         print(json.dumps(out), flush=True)
     dist.destroy_process_group()
+
+
+def _async_saves(dcp, dist, state: dict, directory: str, group, reused_first: bool) -> dict:
+    """Two async saves with DCP's default stager and two through one reused stager (which pair
+    goes first alternates between repeats); each timed until it returns (the caller's blocked
+    time) and until its future is done."""
+    from orbit_dagster.workloads.fsdpscript.train import reused_stager
+
+    out = {}
+    stager = reused_stager()
+    pairs = [[("async", None, 0), ("async", None, 1)], [("reused", stager, 0), ("reused", stager, 1)]]
+    runs = pairs[1] + pairs[0] if reused_first else pairs[0] + pairs[1]
+    for name, async_stager, i in runs:
+        dist.barrier()
+        t0 = time.perf_counter()
+        future = dcp.async_save({"model": state}, checkpoint_id=os.path.join(directory, f"{name}-{i}"),
+                                process_group=group, async_stager=async_stager)
+        blocked = time.perf_counter() - t0
+        future.result()  # before the next save: a reused stager's buffers are the writer's until then
+        done = time.perf_counter() - t0
+        if i == 1:  # the second save of each: what every save after a run's first one costs
+            out.update({f"{name}_blocked": blocked, f"{name}_save": done})
+        elif name == "reused":
+            out["reused_first_blocked"] = blocked
+    stager.close()
+    return out
 
 
 def _drop_cache(directory: Path) -> None:
@@ -80,21 +112,21 @@ def _drop_cache(directory: Path) -> None:
                 os.close(fd)
 
 
-def measure(nbytes: int, root: Path, repeat: int) -> dict[str, list]:
+def measure(nbytes: int, root: Path, repeat: int, tensor_floats: int = TENSOR_FLOATS) -> dict[str, list]:
     from orbit_dagster.runtime.command import store_files
     from orbit_dagster.storage import open_store
     from orbit_dagster.storage.base import CheckpointManifest
 
     store = open_store((root / "sharded-store").as_uri())
-    out: dict[str, list] = {k: [] for k in ("save", "async_blocked", "async_save", "register", "load", "raw_write",
-                                            "raw_read")}
+    out: dict[str, list] = {k: [] for k in ("save", "async_blocked", "async_save", "reused_blocked", "reused_save",
+                                            "reused_first_blocked", "register", "load", "raw_write", "raw_read")}
     blob = os.urandom(min(nbytes, 64 << 20)) * max(1, nbytes // (64 << 20))  # raw I/O: as many bytes
     for r in range(repeat):
         work = root / f"sharded-{r}"
         work.mkdir(parents=True)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                               __file__, str(work), str(nbytes)], env=env, capture_output=True, text=True, timeout=1800)
+                               __file__, str(work), str(nbytes), str(tensor_floats), str(r % 2)], env=env, capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0:
             raise RuntimeError(f"sharded save failed: {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
         timings = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
@@ -108,7 +140,7 @@ def measure(nbytes: int, root: Path, repeat: int) -> dict[str, list]:
         out["register"].append(time.perf_counter() - t0)
         uri = store.uri_for("bench", f"step-{r + 1:09d}-a1")
         _drop_cache(Path(uri[len("file://"):]))
-        out["load"].append(_reshard_load(store, uri, nbytes, root))
+        out["load"].append(_reshard_load(store, uri, nbytes, root, tensor_floats))
         raw = work / "raw.bin"
         t0 = time.perf_counter()
         with open(raw, "wb") as fh:
@@ -127,17 +159,47 @@ def measure(nbytes: int, root: Path, repeat: int) -> dict[str, list]:
     return out
 
 
-def _reshard_load(store, uri: str, nbytes: int, root: Path) -> float:
+def _reshard_load(store, uri: str, nbytes: int, root: Path, tensor_floats: int) -> float:
     """The 2 ranks' checkpoint into one process's whole tensors (verify in place, then dcp.load)."""
     import torch.distributed.checkpoint as dcp
 
     world = 2
-    state = {"model": {f"layer{i}.weight": torch.empty(n // world * world) for i, n in enumerate(_shapes(nbytes))}}
+    state = {"model": {f"layer{i}.weight": torch.empty(n // world * world) for i, n in enumerate(_shapes(nbytes, tensor_floats))}}
     t0 = time.perf_counter()
     _, directory = store.checkout(uri, root / "scratch")
     dcp.load(state, checkpoint_id=directory)  # no process group: one process, the shards resharded into it
     return time.perf_counter() - t0
 
 
+def staging_main(argv: list[str]) -> None:
+    import argparse
+    import statistics
+    import tempfile
+
+    ap = argparse.ArgumentParser(description="dcp.async_save blocked time: DCP's default stager vs one reused")
+    ap.add_argument("--staging", action="store_true")
+    ap.add_argument("--sizes", default="100M,1G")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--tensor-mb", type=int, default=TENSOR_FLOATS * 4 >> 20,
+                    help="MiB per tensor of the whole state (each rank holds half)")
+    args = ap.parse_args(argv)
+    units = {"M": 10**6, "G": 10**9}
+    print("| state | default stager: blocked s (per GB) | reused stager: blocked s (per GB) | reused, first save | "
+          "done s, default / reused |\n|---|---|---|---|---|")
+    for size in args.sizes.split(","):
+        nbytes = int(float(size[:-1]) * units[size[-1]])
+        with tempfile.TemporaryDirectory(dir=args.dir) as d:
+            t = measure(nbytes, Path(d), args.repeat, args.tensor_mb << 18)
+        med = {k: statistics.median(v) for k, v in t.items() if v}
+        gb = nbytes / 1e9
+        print(f"| {size} in {args.tensor_mb} MiB tensors | {med['async_blocked']:.3f} ({med['async_blocked'] / gb:.3f}) | "
+              f"{med['reused_blocked']:.3f} ({med['reused_blocked'] / gb:.3f}) | {med['reused_first_blocked']:.3f} | "
+              f"{med['async_save']:.3f} / {med['reused_save']:.3f} |", flush=True)
+
+
 if __name__ == "__main__":
-    worker(sys.argv[1], int(sys.argv[2]))
+    if sys.argv[1].startswith("--"):
+        staging_main(sys.argv[1:])
+    else:
+        worker(sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:5]))

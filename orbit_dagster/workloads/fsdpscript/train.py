@@ -11,10 +11,14 @@ rank and `.metadata`, which rank 0 writes last. A checkpoint is written under
 `.tmp-ckpt_<step>` and renamed into place once complete, so a watcher never sees half of
 one: on several hosts each holds its own ranks' shards (rank 0's host the `.metadata` too),
 so the first rank of each host renames its host's directory (a DCP save returns on every
-rank only once every shard and the metadata are written). Periodic saves are asynchronous (`dcp.async_save`: the state is staged into host
-memory, then written by a thread while training goes on, on a process group of its own);
-the save on a stop (SIGTERM, agreed by all ranks at a step boundary) and the last one are
-synchronous. `--resume_from` loads a checkpoint written by any number of ranks into this
+rank only once every shard and the metadata are written). Periodic saves are asynchronous
+(`dcp.async_save`: the state is staged into host memory, then written by a thread while
+training goes on, on a process group of its own when there are several ranks); the training
+thread blocks only for the staging copy. One stager serves every save of the run, so the host
+buffers are allocated once and reused (pinned where CUDA is there, so the device-to-host copy
+runs at full speed; plain reused host memory on the CPU); a save waits for the previous one
+to finish writing before it copies into the same buffers. The save on a stop (SIGTERM, agreed
+by all ranks at a step boundary) and the last one are synchronous. `--resume_from` loads a checkpoint written by any number of ranks into this
 run's layout (DCP reshards on load), one plain process included.
 
 `--batch` is the step's global batch, whatever the number of ranks: each rank takes its
@@ -39,6 +43,7 @@ import signal
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 
@@ -89,6 +94,18 @@ def write_reference(directory: str, step: int, state: dict, rank: int) -> None:
         torch.save(whole, os.path.join(directory, f"full_{step}.pt"))
 
 
+def reused_stager() -> DefaultStager:
+    """A stager to keep for every async save of a run: its host copy of each tensor is made on
+    the first save and refreshed in place by the next (DCP's own default builds a new stager,
+    so new host memory, on every call). Pinned memory and a non-blocking copy need CUDA;
+    without it the copy is a plain one into the same reused host buffers. Staging stays
+    synchronous: async_save returns once the copy is done, so the optimiser may change the
+    parameters right after (asynchronous staging would race with the next step)."""
+    gpu = torch.cuda.is_available()
+    return DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False, use_async_staging=False,
+                                        use_non_blocking_copy=gpu))
+
+
 class Saver:
     """One save in flight at a time; a finished one renamed into place by each host's first rank."""
 
@@ -98,6 +115,7 @@ class Saver:
         # never interleaved with the training's collectives on the default group.
         self.group = dist.new_group(backend="gloo") if distributed else None
         self.pending = None
+        self.stager = reused_stager()
 
     def _publish(self, step: int) -> None:
         if self.local_rank == 0:
@@ -111,13 +129,21 @@ class Saver:
             self._publish(step)
 
     def save(self, state: dict, step: int, *, sync: bool) -> None:
+        # Before anything else: the previous save's writer reads the stager's buffers until it
+        # is done, and this save's staging overwrites them.
         self.wait()
         tmp = os.path.join(self.out, f".tmp-ckpt_{step}")
-        if sync or not self.distributed:
+        if sync:
             dcp.save(state, checkpoint_id=tmp, process_group=self.group)
             self._publish(step)
         else:
-            self.pending = (dcp.async_save(state, checkpoint_id=tmp, process_group=self.group), step)
+            self.pending = (dcp.async_save(state, checkpoint_id=tmp, process_group=self.group,
+                                           async_stager=self.stager), step)
+
+    def close(self) -> None:
+        """The last save finished and published; the stager's host buffers (pinned ones too) freed."""
+        self.wait()
+        self.stager.close()
 
 
 def main() -> None:
@@ -183,7 +209,7 @@ def main() -> None:
             saver.save(state, step, sync=bool(flag.item()) or last)
         if flag.item():
             break
-    saver.wait()
+    saver.close()
     if distributed:
         dist.barrier()  # every save published before any rank exits
         dist.destroy_process_group()

@@ -1,0 +1,76 @@
+"""The fsdpscript's async saves go through one stager kept for the run: its host buffers are
+allocated by the first save and reused by the next. A reused buffer must never carry one
+save's data into another's checkpoint: each checkpoint, loaded back, holds exactly the state
+of its own step (CPU only; the pinned variant needs CUDA and is the same code path)."""
+import torch
+import torch.distributed.checkpoint as dcp
+
+from orbit_dagster.workloads.fsdpscript import train
+
+
+def clone(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: clone(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(clone(v) for v in value)
+    return value
+
+
+def same_tensors(a, b, where="state") -> int:
+    """Every tensor equal (exactly), every other value equal; the number of tensors compared."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+        return 1
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        return sum(same_tensors(a[k], b[k], f"{where}.{k}") for k in a)
+    if isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        return sum(same_tensors(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b)))
+    assert a == b, where
+    return 0
+
+
+def test_the_reused_stager_copies_into_the_same_host_buffer_and_holds_the_current_values():
+    stager = train.reused_stager()
+    try:
+        w = torch.arange(4096, dtype=torch.float32)
+        first = stager.stage({"w": w})
+        assert torch.equal(first["w"], w) and first["w"].data_ptr() != w.data_ptr()  # a copy, not a view
+        w.mul_(3).add_(1)
+        second = stager.stage({"w": w})
+        assert second["w"].data_ptr() == first["w"].data_ptr()  # no new host memory for the second save
+        assert torch.equal(second["w"], w)  # refreshed, not the first save's values
+    finally:
+        stager.close()
+
+
+def test_two_async_saves_through_one_stager_each_hold_their_own_step(tmp_path):
+    model, opt = train.build(seed=7, lr=0.05, sharded=False)
+    saver = train.Saver(str(tmp_path), local_rank=0, distributed=False)
+    staged = []  # what the stager handed to DCP's writer, to see that it was this stager, reused
+    stage = saver.stager.stage
+    saver.stager.stage = lambda state_dict, **kw: staged.append(stage(state_dict, **kw)) or staged[-1]
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    expected = {}
+    for step in (1, 2):
+        x, y = train.batch(7, step, 32, rank=0, world=1)
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()  # in place: the tensors the stager copied from last time now hold new values
+        state = train.state_of(model, opt, step)
+        expected[step] = clone(state)
+        saver.save(state, step, sync=False)
+    saver.close()
+
+    assert len(staged) == 2
+    assert staged[1]["model"]["0.weight"].data_ptr() == staged[0]["model"]["0.weight"].data_ptr()
+    assert not torch.equal(expected[1]["model"]["0.weight"], expected[2]["model"]["0.weight"])
+    for step in (1, 2):
+        fresh, fresh_opt = train.build(seed=99, lr=0.05, sharded=False)
+        loaded = train.state_of(fresh, fresh_opt, 0)
+        dcp.load(loaded, checkpoint_id=str(tmp_path / f"ckpt_{step}"))
+        assert same_tensors(expected[step], loaded, f"ckpt_{step}") >= 7  # 4 parameters, their Adam moments, step
+    assert not list(tmp_path.glob(".tmp-ckpt_*"))  # each one published whole
