@@ -21,6 +21,7 @@ from ..core.host_contract import (
     Exit,
     HostEvent,
     Interval,
+    LocalCheckpoint,
     Metrics,
     Notice,
     Probe,
@@ -46,9 +47,10 @@ from .group_recovery import recover_group, release_planned
 from .recovery import after_failure, recover_lost
 
 FINAL_RUN_STATES = {"SUCCEEDED", "FAILED", "LOST", "CANCELLED"}
-# What a host's `started`, `notice`, `rebalance`, `probe` and `resumed` lines become in the ledger: a
-# `host_<kind>` event with the record's fields (the dispatcher and the observations read them).
-NOTED = (Started, Notice, Rebalance, Probe, Resumed)
+# What a host's `started`, `notice`, `rebalance`, `probe`, `resumed` and `local_checkpoint` lines become in
+# the ledger: a `host_<kind>` event with the record's fields (the dispatcher and the observations read
+# them; `finish` reads `host_local_checkpoint` to say which emergency upload never committed).
+NOTED = (Started, Notice, Rebalance, Probe, Resumed, LocalCheckpoint)
 
 
 def _when(ev: HostEvent) -> datetime:
@@ -374,6 +376,8 @@ def finish(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHa
     for row in C.scan_store(ledger, monitor.store_uri, job_id, eval_suite=monitor.eval_suite):
         monitor.new_checkpoints.append(row["checkpoint_key"])
         reporter.checkpoints([row])
+    for missed in C.record_missed_uploads(ledger, job_id, run_id):  # after the scan: a late upload counts
+        reporter.log(f"{job_id}: {missed}")
     migrated = bool(ledger.scalar("SELECT count(*) FROM events WHERE run_id = ? AND kind = 'migration_started'",
                                   [run_id]))
     final, failure_class = outcome_of(status, migrated=migrated)

@@ -8,6 +8,7 @@ whoever changed the bytes could have rewritten too).
 """
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime
 
@@ -123,6 +124,31 @@ def scan_store(ledger: Ledger, store_uri: str, job_id: str, *, eval_suite: str |
         return []
     return register(ledger, rows, eval_suite=eval_suite, events=[R.event(
         "checkpoints_recovered_from_store", job_id=job_id, keys=[r["checkpoint_key"] for r in rows])])
+
+
+def record_missed_uploads(ledger: Ledger, job_id: str, run_id: str) -> list[str]:
+    """An attempt's emergency saves whose copy landed on the host's own disk (`local_checkpoint`)
+    but whose upload never committed in the store: the host went first, and the copy with it.
+    Each is recorded once (`emergency_upload_missed`, its event id names the run and step) and
+    never registered; returns what was recorded, in words."""
+    have = {r["checkpoint_key"] for r in R.checkpoints(ledger, job_id, live_only=False)}
+    notes, said = [], []
+    for row in ledger.rows("SELECT detail FROM events WHERE run_id = ? AND kind = 'host_local_checkpoint'", [run_id]):
+        d = json.loads(row["detail"])
+        key = R.checkpoint_key(job_id, int(d["attempt"]), int(d["step"]))
+        if key in have:
+            continue
+        newest = ledger.scalar("SELECT max(step) FROM checkpoints WHERE job_id = ? AND step < ?", [job_id, d["step"]])
+        reason = (f"the emergency save of step {d['step']} landed on the host's disk ({d['bytes']} bytes) but its "
+                  f"upload never committed before the host went: lost with the instance; "
+                  + (f"the checkpoint of step {newest} stands" if newest is not None else "no checkpoint stands"))
+        notes.append(R.event("emergency_upload_missed", job_id=job_id, run_id=run_id, checkpoint_key=key,
+                             event_id=f"emergency_upload_missed:{run_id}:{int(d['step'])}", step=int(d["step"]),
+                             bytes=d["bytes"], local_sha256=d["sha256"], reason=reason))
+        said.append(reason)
+    if notes:
+        ledger.commit({"events": notes})
+    return said
 
 
 def drop_group_parts(ledger: Ledger, store_uri: str, job_id: str, attempt: int) -> list[str]:

@@ -10,7 +10,10 @@ Kinds (version 1): started, device, probe, resumed, loaded, metrics, progress, c
 interval, notice, evaluation, exit. (`interval` came later than the others: a control plane
 that predates it refuses those lines alone, as an unknown kind, and goes on.) Version 2 adds
 `rebalance` (AWS's rebalance recommendation) and an emergency save's plan (`plan`,
-`plan_fits`, `plan_reason`, `estimate_s`, `time_left_s`; `step` on a notice). Each class names its fields and their types; a
+`plan_fits`, `plan_reason`, `estimate_s`, `time_left_s`; `step` on a notice). Version 3 adds
+the local-disk tier of an emergency save: `local_checkpoint` (its copy landed on the instance's
+own disk, not yet durable) and `plan_tier`, `local_seconds`, `upload_seconds` on the plan and
+the checkpoint that follows. Each class names its fields and their types; a
 field with a default may be absent from a line (an optional field that is None is left out).
 
 Versions. This control plane reads `READS_VERSIONS`; a host writes each line with the first
@@ -38,8 +41,8 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar, Union
 
-CONTRACT_VERSION = 2
-READS_VERSIONS = frozenset({1, 2})
+CONTRACT_VERSION = 3
+READS_VERSIONS = frozenset({1, 2, 3})
 UNVERSIONED_IS = 1  # a line without `contract`: written by a host of before the field
 KIND_FIELD = "type"
 VERSION_FIELD = "contract"
@@ -146,7 +149,8 @@ class Checkpoint(HostEvent):
     """A checkpoint is complete in the store (its manifest written last)."""
 
     KIND: ClassVar[str] = "checkpoint"
-    FIELDS_SINCE: ClassVar[dict[str, int]] = {"plan": 2, "plan_fits": 2, "plan_reason": 2, "estimate_s": 2, "time_left_s": 2}
+    FIELDS_SINCE: ClassVar[dict[str, int]] = {"plan": 2, "plan_fits": 2, "plan_reason": 2, "estimate_s": 2, "time_left_s": 2,
+                                              "plan_tier": 3, "local_seconds": 3, "upload_seconds": 3}
     step: int
     tier: str
     uri: str
@@ -169,6 +173,29 @@ class Checkpoint(HostEvent):
     plan_reason: str | None = None
     estimate_s: float | None = None  # the measured estimate of this save's seconds
     time_left_s: float | None = None  # until the notice's deadline, when the plan was made
+    # An emergency save written to the instance's own disk first, then uploaded (`plan_tier`
+    # "local"; absent: straight to the store): the seconds of each leg.
+    plan_tier: str | None = None
+    local_seconds: float | None = None
+    upload_seconds: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalCheckpoint(HostEvent):
+    """An emergency save's copy is complete (manifest written, fsynced) on the instance's own
+    disk, and its upload to the store begins. Not a checkpoint: nothing resumes from it, and it
+    is lost with the instance; the `checkpoint` record follows once the upload's manifest commits."""
+
+    KIND: ClassVar[str] = "local_checkpoint"
+    SINCE: ClassVar[int] = 3
+    step: int
+    attempt: int
+    uri: str  # on the host's disk: the control plane never reads it
+    sha256: str
+    bytes: int
+    seconds: float
+    time_left_s: float | None = None  # until the notice's deadline, when the local copy landed
+    contract: int = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,7 +222,8 @@ class Notice(HostEvent):
     """A reclaim notice (the metadata endpoint, or SIGTERM)."""
 
     KIND: ClassVar[str] = "notice"
-    FIELDS_SINCE: ClassVar[dict[str, int]] = {"step": 2, **{"plan": 2, "plan_fits": 2, "plan_reason": 2, "estimate_s": 2, "time_left_s": 2}}
+    FIELDS_SINCE: ClassVar[dict[str, int]] = {"step": 2, **{"plan": 2, "plan_fits": 2, "plan_reason": 2, "estimate_s": 2, "time_left_s": 2},
+                                              "plan_tier": 3}
     source: str
     deadline: float | None
     received_at: float
@@ -207,6 +235,7 @@ class Notice(HostEvent):
     plan_reason: str | None = None
     estimate_s: float | None = None
     time_left_s: float | None = None
+    plan_tier: str | None = None  # "local": the instance's disk first, then the store
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -245,8 +274,8 @@ class Exit(HostEvent):
 
 
 KINDS: dict[str, type[HostEvent]] = {c.KIND: c for c in (
-    Started, Device, Probe, Resumed, Loaded, Metrics, Progress, Checkpoint, Interval, Notice, Rebalance, Evaluation,
-    Exit)}
+    Started, Device, Probe, Resumed, Loaded, Metrics, Progress, Checkpoint, LocalCheckpoint, Interval, Notice, Rebalance,
+    Evaluation, Exit)}
 STEP_EVENTS = (Metrics, Progress, Checkpoint, Resumed, Loaded)  # the kinds that say a step was reached
 
 

@@ -11,9 +11,14 @@
    anything else, and reported before the deadline: the full state or a delta, whichever
    fits the time left by the throughput measured on this host's earlier saves
    (runtime/emergency.py); the plan is announced before the write and recorded in the event.
+   Where the store is too slow for the notice but the instance's own disk is fast enough,
+   the save goes there first and is uploaded right after (runtime/local_tier.py); a
+   `local_checkpoint` record says the local copy landed, the `checkpoint` record follows
+   only once the upload's manifest commits.
 A checkpoint becomes visible only with its manifest (see orbit_dagster.storage).
 
-Each byte is hashed once (see runtime.encoding). Every checkpoint event reports `save_seconds` (save call -> checkpoint durable),
+Each byte is hashed once (see runtime.encoding; an emergency save through the local disk
+hashes its bytes again as it verifies and uploads them). Every checkpoint event reports `save_seconds` (save call -> checkpoint durable),
 `blocked_seconds` (of that, the training thread's share) and `write_seconds` (serialise,
 hash and write, manifest last).
 """
@@ -28,10 +33,12 @@ from typing import Any
 
 import torch
 
-from ..core.host_contract import Checkpoint, Notice
-from ..storage.base import CheckpointManifest, CheckpointStore, checkpoint_dir_name
+from ..core.host_contract import Checkpoint, LocalCheckpoint, Notice
+from ..storage.base import CheckpointManifest, CheckpointStore, StoreError, checkpoint_dir_name
+from ..storage.fs import FsStore
 from . import delta as D
-from .emergency import SaveTimes, choose
+from . import local_tier
+from .emergency import SaveTimes, choose, time_left
 from .encoding import has_cuda, stage, weights_digest, write_state
 from .events import EventWriter
 
@@ -59,8 +66,14 @@ class Checkpointer:
         job_id: str,
         attempt: int,
         parent_uri: str | None,
+        local_store: FsStore | None = None,
     ):
         self.store = store
+        # The instance's own disk (runtime/local_tier.py), None where there is no such tier;
+        # its rate measured once, after the first durable save (None until then: not used).
+        self.local_store = local_store
+        self.local_times = SaveTimes()
+        self._local_probed = local_store is None
         self.events = events
         self.job_id = job_id
         self.attempt = attempt
@@ -154,6 +167,13 @@ class Checkpointer:
                         blocked=ticket.blocked)
         if uri is None:
             return
+        if not self._local_probed:  # here, on the writer thread: the training thread never waits for it
+            self._local_probed = True
+            try:
+                self.local_times.record(*local_tier.probe(self.local_store,
+                                                          sum(D.nbytes(v) for _, v in D.leaves(snapshot))))
+            except (OSError, StoreError):  # a full or read-only local disk: no local tier, training goes on
+                self.local_store = None
         if keep_base:
             self._base = (uri, D.flatten(snapshot))  # the old base is dropped, never recycled (a reader may hold it)
         else:
@@ -193,7 +213,8 @@ class Checkpointer:
         plan = choose(full_bytes=sum(D.nbytes(v) for _, v in D.leaves(host)),
                       delta_bytes=D.delta_bytes(delta) if delta is not None and fraction < 1.0 else None,
                       usual_delta=delta is not None and fraction <= D.MAX_CHANGED_FRACTION, times=self.times,
-                      notice=notice, last_durable_step=self.last_durable_step)
+                      notice=notice, last_durable_step=self.last_durable_step,
+                      local_times=self.local_times if self.local_store is not None else None)
         if notice is not None:  # announced before the write: a notice that cannot be met says so
             self.events.emit(Notice(source=notice.get("source") or source, deadline=notice.get("deadline"),
                                     received_at=float(notice.get("received_at") or time.time()), step=step,
@@ -202,7 +223,8 @@ class Checkpointer:
             payload, extra["delta_of"] = delta, base[0]
         return self._put(step, payload, host["model"], metrics, "emergency", called=called,
                          blocked=None if blocking else 0.0, source=source,
-                         extra={**extra, **(plan.fields() if notice is not None else {})})
+                         extra={**extra, **(plan.fields() if notice is not None else {})},
+                         local_first=notice if plan.tier == "local" else None)
 
     def emergency_from_memory(self, *, source: str, notice: dict | None = None) -> str | None:
         with self._memory_lock:  # the training thread may not overwrite it while it is written
@@ -213,7 +235,10 @@ class Checkpointer:
 
     # ---- common -------------------------------------------------------------------
     def _put(self, step: int, payload: dict, model_state: dict, metrics: dict, tier: str, *, called: float,
-             blocked: float | None, source: str = "", extra: dict | None = None) -> str | None:
+             blocked: float | None, source: str = "", extra: dict | None = None,
+             local_first: dict | None = None) -> str | None:
+        """Write one checkpoint (to the local disk first, then the store, when `local_first`
+        holds the notice that asked for it) and report it once the store's manifest commits."""
         name = checkpoint_dir_name(step, self.attempt)
         uri = self.store.uri_for(self.job_id, name)
         with self._lock:
@@ -227,10 +252,14 @@ class Checkpointer:
         manifest = CheckpointManifest(job_id=self.job_id, step=step, tier=tier, files={}, parent=parent,
                                       created_at=datetime.now(timezone.utc).isoformat(), attempt=self.attempt,
                                       meta={"metrics": metrics, **(extra or {})}, format="torch")
+        legs: dict = {}
         try:
-            with self.store.writer(self.job_id, name) as w:
-                manifest.weights_sha256 = write_state(w, STATE_FILE, payload, model_state)
-                manifest = w.commit(manifest)  # the manifest last: the checkpoint exists from here
+            if local_first is not None:
+                manifest, legs = self._via_local_disk(name, payload, model_state, manifest, local_first)
+            else:
+                with self.store.writer(self.job_id, name) as w:
+                    manifest.weights_sha256 = write_state(w, STATE_FILE, payload, model_state)
+                    manifest = w.commit(manifest)  # the manifest last: the checkpoint exists from here
         except BaseException:
             with self._lock:  # never landed: the next checkpoint's parent is the one before
                 self._saved_steps.discard(step)
@@ -240,7 +269,8 @@ class Checkpointer:
         landed = time.perf_counter()
         seconds = landed - called
         self.save_seconds.append(seconds)
-        self.times.record(manifest.total_bytes, landed - started)
+        if not legs:  # a save through the local disk measured each leg on its own (_via_local_disk)
+            self.times.record(manifest.total_bytes, landed - started)
         if tier == "durable":
             self.last_durable_step = max(step, self.last_durable_step or 0)
         self.events.emit(Checkpoint(
@@ -258,8 +288,29 @@ class Checkpointer:
             attempt=self.attempt,
             source=source or None,
             **(extra or {}),
+            **legs,
         ))
         return uri
+
+    def _via_local_disk(self, name: str, payload: dict, model_state: dict, manifest: CheckpointManifest,
+                        notice: dict) -> tuple[CheckpointManifest, dict]:
+        """The save to the instance's disk (fsynced, its manifest last), reported as a
+        `local_checkpoint`, then uploaded to the store: (the store's manifest, each leg's seconds)."""
+        began = time.perf_counter()
+        with self.local_store.writer(self.job_id, name) as w:
+            manifest.weights_sha256 = write_state(w, STATE_FILE, payload, model_state)
+            local = w.commit(manifest)
+        local_s = time.perf_counter() - began
+        self.local_times.record(local.total_bytes, local_s)
+        local_uri = self.local_store.uri_for(self.job_id, name)
+        self.events.emit(LocalCheckpoint(step=manifest.step, attempt=self.attempt, uri=local_uri, sha256=local.digest,
+                                         bytes=local.total_bytes, seconds=round(local_s, 6),
+                                         time_left_s=round(time_left(notice)[0], 3)))
+        began = time.perf_counter()
+        durable = local_tier.upload(self.local_store, self.store, local_uri, self.job_id, name, local)
+        upload_s = time.perf_counter() - began
+        self.times.record(durable.total_bytes, upload_s)
+        return durable, {"local_seconds": round(local_s, 6), "upload_seconds": round(upload_s, 6)}
 
     def flush(self) -> None:
         """Wait for queued durable writes (before exit or an emergency's report)."""

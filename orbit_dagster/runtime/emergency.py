@@ -8,7 +8,14 @@ left, in order of preference:
 2. the full state, if its estimate fits;
 3. a delta of any size (more than the usual half of the bytes changed), if that fits where
    the full state does not;
-4. nothing fits: the full state is written anyway (a host often outlives its notice; a
+4. the instance's own disk first (tier "local"), when the store is too slow for the notice
+   but the local disk is fast enough (its own measured throughput, `local_times`): the same
+   save, fsynced with its manifest on the local disk, then uploaded to the store in the time
+   that is left. The checkpoint is registered only once the upload's manifest commits; until
+   then the copy exists on that disk alone and goes with the instance (a spot instance's
+   local disk does not outlive a reclaim unless the provider keeps the volume), so this
+   plan buys a checkpoint only when the host outlives the estimate, which it often does;
+5. nothing fits: the full state is written anyway (a host often outlives its notice; a
    checkpoint cut off has no manifest and is never registered, so a late one costs nothing
    but can save the work), and the plan says so beforehand: the agent emits it as a `notice`
    record (host contract) that the control plane stores, so the ledger knows the notice
@@ -35,12 +42,14 @@ class Plan:
     estimate_s: float | None  # None: no save measured yet on this host
     time_left_s: float
     reason: str
+    tier: str = "store"  # "store": straight to the checkpoint store; "local": the instance's disk first
 
     def fields(self) -> dict:
-        """The plan as the host contract's optional checkpoint/notice fields."""
+        """The plan as the host contract's optional checkpoint/notice fields (`plan_tier` only
+        when local: a plan straight to the store stays a version-2 line older readers take)."""
         return {"plan": self.kind, "plan_fits": self.fits, "plan_reason": self.reason,
                 "estimate_s": None if self.estimate_s is None else round(self.estimate_s, 3),
-                "time_left_s": round(self.time_left_s, 3)}
+                "time_left_s": round(self.time_left_s, 3), **({"plan_tier": "local"} if self.tier == "local" else {})}
 
 
 class SaveTimes:
@@ -79,12 +88,37 @@ def _mb(nbytes: int) -> str:
 
 
 def choose(*, full_bytes: int, delta_bytes: int | None, usual_delta: bool, times: SaveTimes, notice: dict | None,
-           last_durable_step: int | None, now: float | None = None) -> Plan:
+           last_durable_step: int | None, now: float | None = None, local_times: SaveTimes | None = None) -> Plan:
     """The plan for an emergency save of a state of `full_bytes` whose delta against the kept
-    base would be `delta_bytes` (None: no base kept); `usual_delta`: the delta passes the usual rule."""
+    base would be `delta_bytes` (None: no base kept); `usual_delta`: the delta passes the usual rule.
+    `local_times`: the instance's own disk, measured (None: no local tier on this host)."""
     left, source = time_left(notice, now)
     budget = left * SAFETY
     rate = times.rate
+    plan = _to_store(full_bytes, delta_bytes, usual_delta, rate, left, budget, source, last_durable_step)
+    if plan.fits or local_times is None or local_times.rate is None or rate is None:
+        return plan
+    return _local_first(plan, full_bytes if plan.kind == "full" else delta_bytes, local_times.rate, rate, budget,
+                        last_durable_step) or plan
+
+
+def _local_first(store_plan: Plan, nbytes: int, local_rate: float, rate: float, budget: float,
+                 last_durable_step: int | None) -> Plan | None:
+    """The store's plan, written to the local disk first, when that fits the notice; else None."""
+    est = nbytes / local_rate
+    if est > budget:
+        return None
+    upload = nbytes / rate
+    return Plan(store_plan.kind, True, est, store_plan.time_left_s,
+                f"{store_plan.reason.split(': expected to miss')[0]}: the store does not fit the notice, the "
+                f"instance's disk does ({_mb(nbytes)} at {local_rate / 1e6:.1f} MB/s measured there: estimated "
+                f"{est:.1f} s); written there first, then uploaded (estimated {upload:.1f} s more) and registered "
+                f"only when the upload's manifest commits; the local copy is lost with the instance, and if it goes "
+                f"before the upload completes, {_stands(last_durable_step)}", tier="local")
+
+
+def _to_store(full_bytes: int, delta_bytes: int | None, usual_delta: bool, rate: float | None, left: float,
+              budget: float, source: str, last_durable_step: int | None) -> Plan:
     if rate is None:
         kind = "delta" if usual_delta else "full"
         return Plan(kind, True, None, left, f"no save measured on this host yet: a {kind} save of "
@@ -109,8 +143,11 @@ def choose(*, full_bytes: int, delta_bytes: int | None, usual_delta: bool, times
                                           f"{left:.1f} s left ({source})" + _missed(last_durable_step))
 
 
+def _stands(last_durable_step: int | None) -> str:
+    return (f"the last durable checkpoint (step {last_durable_step}) stands" if last_durable_step is not None
+            else "no durable checkpoint stands (the attempt restarts)")
+
+
 def _missed(last_durable_step: int | None) -> str:
-    stands = (f"the last durable checkpoint (step {last_durable_step}) stands" if last_durable_step is not None
-              else "no durable checkpoint stands (the attempt restarts)")
     return (f": expected to miss the deadline; written anyway (a host often outlives its notice, and a "
-            f"checkpoint cut off is never registered); if the host goes first, {stands}")
+            f"checkpoint cut off is never registered); if the host goes first, {_stands(last_durable_step)}")

@@ -28,6 +28,7 @@ from .checkpoint_schedule import CheckpointSchedule
 from .checkpointing import STATE_FILE, Checkpointer
 from .delta import DELTA_KEY, apply_delta, is_delta
 from .events import EventWriter
+from .local_tier import local_store_for
 from .notices import NoticeWatcher
 
 StateFn = Callable[[], dict[str, Any]]
@@ -90,8 +91,10 @@ class RunContext:
         # names a device this host lacks).
         self.device_plan = devices.plan()
         events.emit(Device(**self.device_plan.describe()))
+        # The instance's own disk as the emergency save's first stop, where the store is elsewhere.
         self.checkpointer = (
-            Checkpointer(store, events, job_id=self.job_id, attempt=attempt, parent_uri=resume_from) if store else None
+            Checkpointer(store, events, job_id=self.job_id, attempt=attempt, parent_uri=resume_from,
+                         local_store=local_store_for(store, workdir)) if store else None
         )
         self._pending_metrics: dict[str, list[float]] = {}
         self._last_flush = time.time()

@@ -42,7 +42,7 @@ def test_lines_of_an_unknown_version_or_kind_and_garbage_are_recorded_as_rejecte
     metrics stored), and a line that was not JSON vanished without a trace."""
     lines = [
         {"seq": 1, "ts": 1790000000.0, "type": "metrics", "step": 2, "values": {"train/loss": 3.0}},  # no version: v1
-        {"seq": 2, "ts": 1790000001.0, "type": "metrics", "step": 3, "values": {"train/loss": 9.0}, "contract": 3},
+        {"seq": 2, "ts": 1790000001.0, "type": "metrics", "step": 3, "values": {"train/loss": 9.0}, "contract": 4},
         {"seq": 3, "ts": 1790000002.0, "type": "heartbeat"},
     ]
     chunk = ("".join(json.dumps(line) + "\n" for line in lines) + "not json\n").encode()
@@ -55,7 +55,7 @@ def test_lines_of_an_unknown_version_or_kind_and_garbage_are_recorded_as_rejecte
     rejected = [json.loads(r["detail"]) for r in
                 ledger.rows("SELECT detail FROM events WHERE kind = 'event_rejected' ORDER BY ts")]
     reasons = sorted(d["reason"] for d in rejected)
-    assert any(r.startswith("metrics: contract version 3 is not one this control plane reads") for r in reasons)
+    assert any(r.startswith("metrics: contract version 4 is not one this control plane reads") for r in reasons)
     assert any(r.startswith("unknown kind 'heartbeat'") for r in reasons)
     assert "not a JSON line (JSONDecodeError)" in reasons and len(rejected) == 3
     assert all(isinstance(d["offset"], int) and d["line"] for d in rejected)

@@ -28,6 +28,8 @@ SAMPLES: dict[str, H.HostEvent] = {e.KIND: e for e in (
                  changed_fraction=0.25, changed_measure="bytes", delta_of="file:///s/job-a/step-000000004-a1",
                  plan="delta", plan_fits=True, plan_reason="a delta of 1.2 MB fits", estimate_s=0.4,
                  time_left_s=28.5),
+    H.LocalCheckpoint(step=8, attempt=2, uri="file:///host/local-checkpoints/job-a/step-000000008-a2",
+                      sha256="c" * 64, bytes=1234, seconds=0.2, time_left_s=4.5),
     H.Interval(step=8, next_step=20, steps=12, age_s=960.0, policy="orbit", reason="the policy's interval",
                cadence_steps=50, interval_s=57.6, policy_steps=12, work_left_s=1000.0, step_s=4.8),
     H.Notice(source="metadata", deadline=1_790_000_030.0, received_at=1_790_000_000.5, step=8, plan="full",
@@ -92,7 +94,7 @@ def test_a_line_without_a_version_is_read_as_version_1():
 
 
 @pytest.mark.parametrize("line, words", [
-    ('{"type": "metrics", "step": 1, "values": {}, "contract": 3}', "metrics: contract version 3 is not one"),
+    ('{"type": "metrics", "step": 1, "values": {}, "contract": 4}', "metrics: contract version 4 is not one"),
     ('{"type": "rebalance", "source": "metadata", "notice_time": null, "received_at": 1, "action": "record", '
      '"contract": 1}', "rebalance: a kind of contract version 2; the line says version 1"),
     ('{"type": "rebalance", "source": "metadata", "notice_time": null, "received_at": 1, "action": "record"}',
@@ -214,3 +216,17 @@ def test_a_field_added_to_an_older_kind_raises_the_lines_version_and_an_older_li
     line["contract"] = 1
     (refused,), _ = H.read_chunk((json.dumps(line) + "\n").encode(), 0)
     assert isinstance(refused, H.Rejected) and "plan" in refused.reason and "version 1" in refused.reason
+
+
+def test_the_local_disk_tier_is_version_3_and_a_version_2_line_cannot_carry_it():
+    local_first = H.Checkpoint(step=8, tier="emergency", uri="file:///s/j/step-000000008-a1", sha256="a" * 64, bytes=1,
+                               attempt=1, plan="full", plan_fits=True, plan_tier="local", local_seconds=0.2,
+                               upload_seconds=3.5)
+    assert H.version_of(local_first) == 3 and H.version_of(SAMPLES["local_checkpoint"]) == 3
+    line = json.loads(H.encode(H.stamp(local_first, seq=1, ts=0.0)))
+    line["contract"] = 2
+    (refused,), _ = H.read_chunk((json.dumps(line) + "\n").encode(), 0)
+    assert isinstance(refused, H.Rejected) and "local_seconds, plan_tier, upload_seconds" in refused.reason
+    assert "local_checkpoint: a kind of contract version 3" in refusal(
+        '{"type": "local_checkpoint", "step": 1, "attempt": 1, "uri": "u", "sha256": "s", "bytes": 1, "seconds": 1, '
+        '"contract": 2}').reason

@@ -52,6 +52,25 @@ def test_a_notice_that_cannot_be_met_says_so_and_what_stands():
     assert "no durable checkpoint stands" in plan(notice=notice(5), last_durable_step=None).reason
 
 
+def test_the_local_disk_first_when_the_store_does_not_fit_and_the_disk_does():
+    # 1 GB: the store at 100 MB/s needs 10 s, the disk at 1 GB/s 1 s; 5 s left, 4 usable.
+    p = plan(notice=notice(5), local_times=measured(1e9))
+    assert (p.kind, p.fits, p.tier, round(p.estimate_s, 1)) == ("full", True, "local", 1.0)
+    assert "the instance's disk does" in p.reason and "registered only when the upload's manifest commits" in p.reason
+    assert "lost with the instance" in p.reason and "the last durable checkpoint (step 100) stands" in p.reason
+    assert "expected to miss" not in p.reason
+    assert p.fields()["plan_tier"] == "local"
+
+
+def test_the_store_when_it_fits_whatever_the_disk_and_a_miss_when_neither_fits():
+    p = plan(local_times=measured(1e9))  # 10 s of 24 usable: straight to the store
+    assert (p.tier, p.fits) == ("store", True) and "plan_tier" not in p.fields()
+    p = plan(notice=notice(0.5), local_times=measured(1e9))  # 0.4 s usable: 1 s on the disk does not fit either
+    assert (p.kind, p.fits, p.tier) == ("full", False, "store") and "expected to miss the deadline" in p.reason
+    p = plan(notice=notice(5), local_times=E.SaveTimes())  # the disk never measured: no local tier
+    assert (p.fits, p.tier) == (False, "store")
+
+
 def test_the_usual_small_delta_and_a_sigterm_without_deadline():
     p = plan(delta_bytes=GB // 100, usual_delta=True, notice=notice(None, source="sigterm"))
     assert (p.kind, p.fits, p.time_left_s) == ("delta", True, 29.0)  # 30 s assumed from receipt, 1 s ago
