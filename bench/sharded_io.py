@@ -185,17 +185,20 @@ def staging_main(argv: list[str]) -> None:
                     help="MiB per tensor of the whole state (each rank holds half)")
     args = ap.parse_args(argv)
     units = {"M": 10**6, "G": 10**9}
-    print("| state | default stager: blocked s (per GB) | reused stager: blocked s (per GB) | reused, first save | "
-          "done s, default / reused |\n|---|---|---|---|---|")
+    print("| state | default stager: blocked s, median (min-max) | per GB | reused stager: blocked s, median (min-max) "
+          "| per GB | reused, first save | done s, default / reused |\n|---|---|---|---|---|---|---|")
     for size in args.sizes.split(","):
         nbytes = int(float(size[:-1]) * units[size[-1]])
         with tempfile.TemporaryDirectory(dir=args.dir) as d:
             t = measure(nbytes, Path(d), args.repeat, args.tensor_mb << 18)
         med = {k: statistics.median(v) for k, v in t.items() if v}
         gb = nbytes / 1e9
-        print(f"| {size} in {args.tensor_mb} MiB tensors | {med['async_blocked']:.3f} ({med['async_blocked'] / gb:.3f}) | "
-              f"{med['reused_blocked']:.3f} ({med['reused_blocked'] / gb:.3f}) | {med['reused_first_blocked']:.3f} | "
-              f"{med['async_save']:.3f} / {med['reused_save']:.3f} |", flush=True)
+
+        def cell(k: str) -> str:
+            return f"{med[k]:.3f} ({min(t[k]):.3f}-{max(t[k]):.3f}) | {med[k] / gb:.3f}"
+
+        print(f"| {size} in {args.tensor_mb} MiB tensors | {cell('async_blocked')} | {cell('reused_blocked')} | "
+              f"{med['reused_first_blocked']:.3f} | {med['async_save']:.3f} / {med['reused_save']:.3f} |", flush=True)
 
 
 if __name__ == "__main__":
