@@ -130,8 +130,10 @@ def record_missed_uploads(ledger: Ledger, job_id: str, run_id: str) -> list[str]
     """An attempt's emergency saves whose copy landed on the host's own disk (`local_checkpoint`)
     but whose upload never committed in the store: the host went first, and the copy with it.
     Each is recorded once (`emergency_upload_missed`, its event id names the run and step) and
-    never registered; returns what was recorded, in words."""
+    never registered; returns what this call recorded, in words."""
     have = {r["checkpoint_key"] for r in R.checkpoints(ledger, job_id, live_only=False)}
+    have |= {r["checkpoint_key"] for r in ledger.rows(  # recorded by an earlier reading: once is enough
+        "SELECT checkpoint_key FROM events WHERE run_id = ? AND kind = 'emergency_upload_missed'", [run_id])}
     notes, said = [], []
     for row in ledger.rows("SELECT detail FROM events WHERE run_id = ? AND kind = 'host_local_checkpoint'", [run_id]):
         d = json.loads(row["detail"])
