@@ -52,3 +52,21 @@ def run_cli(argv: list[str]) -> tuple[int, str, str]:
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
     return code, out.getvalue(), err.getvalue()
+
+
+def same_tensors(a, b, where="state") -> int:
+    """Every tensor equal (exactly), every other value equal; the number of tensors compared.
+    (torch imported here: most users of this module never need it.)"""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+        return 1
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        return sum(same_tensors(a[k], b[k], f"{where}.{k}") for k in a)
+    if isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        return sum(same_tensors(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b)))
+    assert a == b, where
+    return 0

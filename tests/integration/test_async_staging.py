@@ -6,6 +6,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from orbit_dagster.workloads.fsdpscript import train
+from tests.helpers import same_tensors
 
 
 def clone(value):
@@ -16,21 +17,6 @@ def clone(value):
     if isinstance(value, (list, tuple)):
         return type(value)(clone(v) for v in value)
     return value
-
-
-def same_tensors(a, b, where="state") -> int:
-    """Every tensor equal (exactly), every other value equal; the number of tensors compared."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
-        return 1
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        return sum(same_tensors(a[k], b[k], f"{where}.{k}") for k in a)
-    if isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        return sum(same_tensors(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b)))
-    assert a == b, where
-    return 0
 
 
 def test_the_reused_stager_copies_into_the_same_host_buffer_and_holds_the_current_values():

@@ -39,8 +39,7 @@ from orbit_dagster.providers.base import RunHandle
 from orbit_dagster.providers.sim.provider import SimProvider, pid_alive
 from orbit_dagster.settings import Settings
 from orbit_dagster.storage import open_store
-from tests.helpers import Background, run_cli, wait_for
-from tests.integration.test_reshard import same_tensors
+from tests.helpers import Background, run_cli, same_tensors, wait_for
 
 SCRIPT = Path(shipped.__file__).parent / "fsdpscript" / "train.py"
 NODES, STEPS, EVERY, RECLAIM_AT = 3, 300, 100, 40

@@ -15,6 +15,7 @@ from orbit_dagster.core.bundle import build_bundle
 from orbit_dagster.core.submission import TaskSubmission, apply_overrides
 from orbit_dagster.core.templates import load_template
 from orbit_dagster.storage import open_store
+from tests.helpers import same_tensors
 
 JOB = "job-shards"
 
@@ -38,21 +39,6 @@ def agent(b, workdir: Path, store: Path, *args: str) -> int:
 def checkpoints(workdir: Path) -> list[dict]:
     lines = (workdir / "artifacts" / "events.jsonl").read_text().splitlines()
     return [e for e in map(json.loads, lines) if e["type"] == "checkpoint"]
-
-
-def same_tensors(a, b, where="state") -> int:
-    """Every tensor equal (exactly), every other value equal; the number of tensors compared."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
-        return 1
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        return sum(same_tensors(a[k], b[k], f"{where}.{k}") for k in a)
-    if isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        return sum(same_tensors(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b)))
-    assert a == b, where
-    return 0
 
 
 @pytest.mark.timeout(300)
