@@ -130,7 +130,8 @@ def record_missed_uploads(ledger: Ledger, job_id: str, run_id: str) -> list[str]
     """An attempt's emergency saves whose copy landed on the host's own disk (`local_checkpoint`)
     but whose upload never committed in the store: the host went first, and the copy with it.
     Each is recorded once (`emergency_upload_missed`, its event id names the run and step) and
-    never registered; returns what this call recorded, in words."""
+    never registered; returns what this call recorded, in words. The copy is an SDK job's save
+    or a command workload's own files (whose record carries no sha256)."""
     have = {r["checkpoint_key"] for r in R.checkpoints(ledger, job_id, live_only=False)}
     have |= {r["checkpoint_key"] for r in ledger.rows(  # recorded by an earlier reading: once is enough
         "SELECT checkpoint_key FROM events WHERE run_id = ? AND kind = 'emergency_upload_missed'", [run_id])}
@@ -146,7 +147,9 @@ def record_missed_uploads(ledger: Ledger, job_id: str, run_id: str) -> list[str]
                   + (f"the checkpoint of step {newest} stands" if newest is not None else "no checkpoint stands"))
         notes.append(R.event("emergency_upload_missed", job_id=job_id, run_id=run_id, checkpoint_key=key,
                              event_id=f"emergency_upload_missed:{run_id}:{int(d['step'])}", step=int(d["step"]),
-                             bytes=d["bytes"], local_sha256=d["sha256"], reason=reason))
+                             # None: a command workload's files, never hashed before their upload
+                             # (core/host_contract.py, LocalCheckpoint)
+                             bytes=d["bytes"], local_sha256=d.get("sha256"), reason=reason))
         said.append(reason)
     if notes:
         ledger.commit({"events": notes})

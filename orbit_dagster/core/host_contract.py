@@ -12,8 +12,9 @@ that predates it refuses those lines alone, as an unknown kind, and goes on.) Ve
 `rebalance` (AWS's rebalance recommendation) and an emergency save's plan (`plan`,
 `plan_fits`, `plan_reason`, `estimate_s`, `time_left_s`; `step` on a notice). Version 3 adds
 the local-disk tier of an emergency save: `local_checkpoint` (its copy landed on the instance's
-own disk, not yet durable) and `plan_tier`, `local_seconds`, `upload_seconds` on the plan and
-the checkpoint that follows. Each class names its fields and their types; a
+own disk, not yet durable; written by an SDK job's save and by a command workload's agent for
+the script's own emergency save, `sha256` optional) and `plan_tier`, `local_seconds`,
+`upload_seconds` on the plan and the checkpoint that follows. Each class names its fields and their types; a
 field with a default may be absent from a line (an optional field that is None is left out).
 
 Versions. This control plane reads `READS_VERSIONS`; a host writes each line with the first
@@ -182,18 +183,25 @@ class Checkpoint(HostEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class LocalCheckpoint(HostEvent):
-    """An emergency save's copy is complete (manifest written, fsynced) on the instance's own
-    disk, and its upload to the store begins. Not a checkpoint: nothing resumes from it, and it
-    is lost with the instance; the `checkpoint` record follows once the upload's manifest commits."""
+    """An emergency save's copy is complete on the instance's own disk, and its upload to the
+    store begins. Not a checkpoint: nothing resumes from it, and it is lost with the instance;
+    the `checkpoint` record follows once the upload's manifest commits.
+
+    Two writers. An SDK job's save (runtime/checkpointing.py): the copy is orbit's own (manifest
+    written, fsynced), `sha256` its digest, `seconds` the local write. A command workload's
+    (runtime/command.py): the script's own files are the copy; `sha256` is left out (hashing
+    them first would delay the upload by a pass over every byte; the digest comes with the
+    `checkpoint` record) and `seconds` runs from the notice to the newest file's mtime (the
+    script's save, the end of its step included)."""
 
     KIND: ClassVar[str] = "local_checkpoint"
     SINCE: ClassVar[int] = 3
     step: int
     attempt: int
     uri: str  # on the host's disk: the control plane never reads it
-    sha256: str
     bytes: int
     seconds: float
+    sha256: str | None = None  # None: not hashed before the upload (a command workload's files)
     time_left_s: float | None = None  # until the notice's deadline, when the local copy landed
     contract: int = 3
 

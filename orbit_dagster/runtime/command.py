@@ -5,8 +5,9 @@ ORBIT_RESUME_FROM, ...) and placeholders in its argv, copies every line it print
 attempt's log (the agent's stdout), turns JSON metric lines (stdout or ORBIT_METRICS_FILE)
 into `metrics` events, registers each complete checkpoint the watcher finds in the checkpoint
 directory into the store, forwards a reclaim notice (the stop file, then `stop_signal`) and
-waits within the grace for the script to exit and its last checkpoint to land. The exit code
-is the agent's one taxonomy (runtime/agent.py).
+waits within the grace for the script to exit and its last checkpoint to land. A checkpoint
+written after the notice is reported as a `local_checkpoint` before its upload begins (single
+instance only; see CommandRun). The exit code is the agent's one taxonomy (runtime/agent.py).
 
 The script runs in the agent's process group (a sweep of the host's group reaches it) and
 dies with the agent: it is killed if still alive when the agent returns, and the kernel kills
@@ -30,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..core import placeholders, process_tree
-from ..core.host_contract import Checkpoint, Evaluation, Loaded, Metrics, Resumed
+from ..core.host_contract import Checkpoint, Evaluation, Loaded, LocalCheckpoint, Metrics, Resumed
 from ..storage.base import MANIFEST, CheckpointManifest, StoreError, checkpoint_dir_name
 from . import group
 from .checkpoint_schedule import CheckpointSchedule
@@ -86,7 +87,28 @@ def torchrun_argv(argv: list[str], processes: int, group: NodeGroup | None = Non
 
 
 class CommandRun:
-    """One run of a command (train, eval, custom or collect)."""
+    """One run of a command (train, eval, custom or collect).
+
+    A checkpoint the script wrote after the notice (tier "emergency") already lies on the
+    instance's own disk, in the checkpoint directory: that is the local tier of the save
+    (docs/recovery.md). Before its upload begins the agent reports it as a `local_checkpoint`
+    record, so that a host gone mid-upload leaves the ledger saying what was lost
+    (`emergency_upload_missed`), as an SDK job's save through the local disk does:
+
+    - `uri`: the file URI of the checkpoint file or directory the watcher found;
+    - `bytes`: the sum of its files' sizes;
+    - `seconds`: from the notice (the moment the agent passed it on: stop file, then signal)
+      to the newest file's mtime: the script's save, the end of the step it was in included,
+      since the agent cannot tell the two apart;
+    - `time_left_s`: from that mtime to the notice's deadline, when the notice gave one;
+    - `sha256`: left out. Hashing the files before the upload would delay the one thing that
+      makes the save durable by a pass over every byte; the digest comes with the `checkpoint`
+      record, which follows once the upload's manifest commits and carries `plan_tier`
+      "local", `local_seconds` (the same `seconds`) and `upload_seconds` (the upload's own).
+
+    One node of a group (`group` set) reports no `local_checkpoint`: node 0 uploads the union of
+    every node's parts, some of them on other instances' disks, so no one disk holds the copy.
+    """
 
     def __init__(self, *, job: dict, bundle: Path, workdir: Path, task: str, attempt: int, events, store, notices,
                  checkpoint_every: int, resume_from: str | None, eval_checkpoint: str | None,
@@ -128,6 +150,7 @@ class CommandRun:
         self._lock = threading.Lock()
         self._parent = resume_from
         self._notice_at: float | None = None
+        self._deadline: float | None = None  # the notice's, when it gave one (a metadata notice)
         self._kill_at: float | None = None
         self._stopped = threading.Event()
         # Metric events are written (fsynced) by a thread of their own: a chatty script never
@@ -195,6 +218,11 @@ class CommandRun:
             steps = [s for s in self._losses if s <= step]
             return self._losses[max(steps)] if steps else None
 
+    @staticmethod
+    def _written_at(files: dict[str, Path]) -> float:
+        """When the script finished writing these files: the newest mtime."""
+        return max((f.stat().st_mtime for f in files.values()), default=time.time())
+
     def _after_notice(self, files: dict[str, Path]) -> bool:
         """Whether the script wrote this checkpoint after the notice came: a periodic save it
         finished just before is registered after the notice (the watcher waits for files to
@@ -203,8 +231,23 @@ class CommandRun:
         is never taken for one written before it."""
         if self._notice_at is None:
             return False
-        written = max((f.stat().st_mtime for f in files.values()), default=time.time())
-        return written >= self._notice_at - MTIME_MARGIN_S
+        return self._written_at(files) >= self._notice_at - MTIME_MARGIN_S
+
+    def _report_local(self, found: Found, files: dict[str, Path]) -> float | None:
+        """The `local_checkpoint` record of an emergency save, the script's files being its
+        copy on this disk (see the class docstring); returns its `seconds`, or None where the
+        record could not be written. Stats only: no byte is read before the upload."""
+        written = self._written_at(files)
+        seconds = round(max(0.0, written - (self._notice_at or written)), 6)  # an mtime may trail by a tick
+        left = round(max(0.0, self._deadline - written), 3) if self._deadline else None
+        try:
+            self.events.emit(LocalCheckpoint(step=found.step, attempt=self.attempt, uri=found.path.absolute().as_uri(),
+                                             bytes=sum(f.stat().st_size for f in files.values()), seconds=seconds,
+                                             time_left_s=left))
+        except OSError as exc:  # the upload matters more than its announcement: it goes on
+            print(f"orbit agent: the local copy of checkpoint {found.name} was not reported: {exc}", flush=True)
+            return None
+        return seconds
 
     def register(self, found: Found) -> None:
         began = time.perf_counter()
@@ -220,12 +263,16 @@ class CommandRun:
                 if parts is None:
                     return  # torn: a node's part never came (gather said so)
                 files, tier, source = group.union(files, parts, tier, source)
+            # A group's emergency save has no one local copy (its parts lie on several disks).
+            local_s = self._report_local(found, files) if tier == "emergency" and self.group is None else None
             name = checkpoint_dir_name(found.step, self.attempt)
+            upload_began = time.perf_counter()
             manifest = store_files(self.store, self.job_id, name, files, CheckpointManifest(
                 job_id=self.job_id, step=found.step, tier=tier, files={}, format=shards_format(found, files),
                 parent=self._parent, created_at=datetime.now(timezone.utc).isoformat(), attempt=self.attempt,
                 meta={"layout": found.layout, "name": found.name, "format": "command",
                       "metrics": {k: v for k, v in [("train/loss", self._train_loss(found.step))] if v is not None}}))
+            upload_s = time.perf_counter() - upload_began
             uri = self.store.uri_for(self.job_id, name)
         except (OSError, StoreError) as exc:  # the script's files, not ours: logged, the run goes on
             print(f"orbit agent: checkpoint {found.name} (step {found.step}) was not stored: {exc}", flush=True)
@@ -238,7 +285,9 @@ class CommandRun:
         self.events.emit(Checkpoint(
             step=found.step, tier=tier, uri=uri, sha256=manifest.digest, bytes=manifest.total_bytes,
             attempt=self.attempt, parent=parent, train_loss=self._train_loss(found.step),
-            write_seconds=round(time.perf_counter() - began, 6), source=source))
+            write_seconds=round(time.perf_counter() - began, 6), source=source,
+            **({"plan_tier": "local", "local_seconds": local_s, "upload_seconds": round(upload_s, 6)}
+               if local_s is not None else {})))
         decided = self.schedule.after_save(found.step) if tier == "durable" else None
         if decided is not None:
             self.events.emit(decided)
@@ -317,7 +366,7 @@ class CommandRun:
     def on_notice(self, notice: dict) -> None:
         """Tell the script (stop file, then its stop signal) and set the kill time."""
         self._notice_at = time.time()
-        deadline = notice.get("deadline")
+        deadline = self._deadline = notice.get("deadline")
         grace = (deadline - time.time() - KILL_MARGIN_S) if deadline else self.notice_grace
         self._kill_at = time.time() + max(grace, 1.0)
         try:

@@ -230,3 +230,14 @@ def test_the_local_disk_tier_is_version_3_and_a_version_2_line_cannot_carry_it()
     assert "local_checkpoint: a kind of contract version 3" in refusal(
         '{"type": "local_checkpoint", "step": 1, "attempt": 1, "uri": "u", "sha256": "s", "bytes": 1, "seconds": 1, '
         '"contract": 2}').reason
+
+
+def test_a_command_workloads_local_copy_has_no_sha256_and_is_still_version_3():
+    """The agent reports a script's own files before uploading them, unhashed (runtime/command.py):
+    the line leaves `sha256` out and reads back as None, still version 3."""
+    unhashed = H.LocalCheckpoint(step=8, attempt=2, uri="file:///host/work/command/train-a2/checkpoints/ckpt_8.pt",
+                                 bytes=1234, seconds=0.4)
+    line = json.loads(H.encode(H.stamp(unhashed, seq=1, ts=0.0)))
+    assert "sha256" not in line and line["contract"] == 3 and H.version_of(unhashed) == 3
+    (back,), _ = H.read_chunk((json.dumps(line) + "\n").encode(), 0)
+    assert back.sha256 is None and back.bytes == 1234 and back.time_left_s is None
