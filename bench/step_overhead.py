@@ -13,7 +13,10 @@ of checkpoint.
 Models: "demo" is the template's config (d=128, 2 layers, ~0.43M parameters); "100M" is
 d=768, 14 layers, 12 heads (~99M parameters, a 1.2 GB checkpoint with AdamW's moments).
 
-One training run is cut into blocks of one durable interval, each centred on a durable
+Each (model, interval) is measured in a process of its own, as production runs each
+training: a run measured before it in the same process would leave its heap and threads
+behind (a record that ran them one after another in one process measured the 100M model's
+200-step interval at +10%, the same blocks alone at +0.8%). One training run is cut into blocks of one durable interval, each centred on a durable
 save's step; the checkpoint policy is switched on and off block by block (on/off, then
 off/on, ...), so that both halves of a pair see the same machine load, which on a shared
 machine comes in bursts that a run-against-run comparison cannot tell from the effect.
@@ -34,10 +37,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,6 +72,7 @@ MODELS = {
     "100M": {"d_model": 768, "n_heads": 12, "n_layers": 14, "micro_batch": 1, "grad_accum": 1, "dropout": 0.0},
 }
 WARMUP = 5
+RESULT = "step-overhead-result: "  # the line a measurement's own process reports on
 
 
 class _Stop(Exception):
@@ -120,8 +126,6 @@ def _job_dir(root: Path, cfg: dict, steps: int, threads: int) -> tuple[Path, dic
 def one_run(train, cfg: dict, root: Path, *, policy: bool, threads: int, every: int, memory_every: int,
             last: int) -> tuple[float, list[dict]]:
     """One plain run to step `last`: (seconds per step after warm-up, the checkpoint events)."""
-    import json
-
     run_dir, job = _job_dir(root, cfg, last + 10, threads)
     store = open_store((run_dir / "store").as_uri()) if policy else None
     ctx = TimedContext(job=job, bundle_dir=run_dir, workdir=run_dir, attempt=1,
@@ -140,8 +144,6 @@ def one_run(train, cfg: dict, root: Path, *, policy: bool, threads: int, every: 
 
 def blocked_run(train, cfg: dict, root: Path, *, threads: int, every: int, memory_every: int, pairs: int) -> dict:
     """One run of 2 x `pairs` blocks; block b spans steps (b*E - E/2, b*E + E/2]."""
-    import json
-
     half = every // 2
     n_blocks = 2 * pairs
 
@@ -187,6 +189,16 @@ def measure(name: str, args, train, root: Path, every: int) -> dict:
     ckpts = res["checkpoints"]
     return {"wall": res["wall"], "cpu": res["cpu"], "every": every,
             "blocked": [c["blocked_seconds"] for c in ckpts[1:]], "bytes": ckpts[-1]["bytes"] if ckpts else None}
+
+
+def measure_apart(name: str, every: str, argv: list[str]) -> dict:
+    """`measure` in a process of its own, as production runs each training (one RunContext, in
+    the process the agent starts): what one measured run leaves in the process (its allocator's
+    heap, its threads) never reaches the next."""
+    out = subprocess.run([sys.executable, __file__, *argv, "--one", f"{name}:{every}"], check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
+    (line,) = [x for x in out.splitlines() if x.startswith(RESULT)]
+    return json.loads(line[len(RESULT):])
 
 
 def _quartiles(xs: list[float]) -> tuple[float, float]:
@@ -254,15 +266,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every-100m", default="40", help="the same for the 100M model, e.g. 20,N")
     ap.add_argument("--memory-every", type=int, default=5)
     ap.add_argument("--record", type=Path, default=None)
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # MODEL:EVERY, one measurement (measure_apart)
     args = ap.parse_args(argv)
-    train = load_train()
+    if args.one:
+        name, every = args.one.split(":")
+        with tempfile.TemporaryDirectory(prefix=".step-overhead-", dir=REPO / "bench") as tmp:
+            print(RESULT + json.dumps(measure(name, args, load_train(), Path(tmp), int(every))), flush=True)
+        return 0
     t0 = time.time()
     rows = []
-    with tempfile.TemporaryDirectory(prefix=".step-overhead-", dir=REPO / "bench") as tmp:
-        for name in args.models.split(","):
-            for every in (args.every_100m if name == "100M" else args.every).split(","):
-                rows.append(row(name, measure(name, args, train, Path(tmp), int(every))))
-                print(rows[-1], flush=True)
+    for name in args.models.split(","):
+        for every in (args.every_100m if name == "100M" else args.every).split(","):
+            rows.append(row(name, measure_apart(name, every, argv if argv is not None else sys.argv[1:])))
+            print(rows[-1], flush=True)
     print(HEADER + "\n" + "\n".join(rows))
     if args.record:
         argv_txt = " ".join(sys.argv[1:]).replace(str(args.record), "docs/benchmarks.md")
