@@ -22,7 +22,7 @@ production code (runtime.checkpointing.Checkpointer, runtime.sdk.RunContext, the
   in its process's memory);
 - sharded (bench/sharded_io.py): a 2-process dcp.save of the state sharded across the ranks
   (and dcp.async_save: seconds until it returns, and until it is done, with DCP's default
-  stager and through the fsdpscript's reused one), the agent's
+  stager and through the fsdpscript's KeptStager), the agent's
   registration of the directory into the store, and the reshard load 2 -> 1 (verify in the
   store, dcp.load into one process), against raw write+fsync and cold read of the same bytes.
 Our saves run on one checkpointer with an optimiser-like in-place update of every tensor
@@ -366,11 +366,11 @@ def rows_for(label: str, nbytes: int, fs: dict, s3: dict | None, sharded: dict |
         ]
     if sharded:
         ab, a = _med(sharded["async_blocked"]), _med(sharded["async_save"])
-        rb, r = _med(sharded["reused_blocked"]), _med(sharded["reused_save"])
+        rb, r = _med(sharded["kept_blocked"]), _med(sharded["kept_save"])
         rows += [
             line("sharded save, 2 processes (dcp.save)", sharded["save"], "write+fsync", sharded["raw_write"],
                  f"dcp.async_save: blocked {ab:.3f} s ({ab / gb:.3f} s per GB), done in {a:.3f} s; through the "
-                 f"reused stager: blocked {rb:.3f} s ({rb / gb:.3f} s per GB), done in {r:.3f} s", goal=False),
+                 f"fsdpscript's KeptStager: blocked {rb:.3f} s ({rb / gb:.3f} s per GB), done in {r:.3f} s", goal=False),
             line("sharded: register into the store (hash parts + write)", sharded["register"], "write+fsync",
                  sharded["raw_write"], "the agent's copy of the ranks' files into the store", goal=False),
             line("sharded load 2 -> 1 (verify in place + dcp.load)", sharded["load"], "cold read",

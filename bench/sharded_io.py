@@ -6,10 +6,12 @@ save and a 2 -> 1 reshard load, through the production path, against raw I/O of 
   (each rank its shard, rank 0 the metadata), timed on rank 0 from the call to its return;
   and `dcp.async_save` (the fsdpscript's periodic save): the seconds until it returns (the
   training thread's share: staging into host memory) and until its future is done, twice
-  with DCP's default stager (new host memory on every call) and twice through one kept
-  stager (the script's `reused_stager`: the first save allocates, the second copies into the
-  same buffers, which is what every later save of a run does), the pair that goes first
-  alternating between repeats. Then the
+  each with DCP's default stager (new host memory on every call), with one DefaultStager
+  kept for the run (its memory reused, its deep copy of the state dict's structure made on
+  every call) and with the script's KeptStager (the first save allocates, the second copies
+  into the same buffers, which is what every later save of a run does), the order of the
+  three reversed every other repeat; and the floor of any staging: the same shards copied into
+  buffers the rank already holds, nothing else of a save around it. Then the
   agent's registration of the directory into the filesystem store
   (`runtime.command.store_files`: every shard streamed, hashed part by part, manifest last).
 - load: the registered checkpoint verified in the store (`checkout`, no copy) and loaded by
@@ -20,7 +22,7 @@ Raw: write+fsync of the same number of bytes from memory, and a cold read of the
 is the worker; `measure(nbytes, root, repeat)` runs it and returns the timings.
 
     python bench/sharded_io.py --staging --sizes 100M,1G [--repeat 3] [--tensor-mb 16]
-prints only the async_save comparison (default stager against the reused one), side by side.
+prints only the async_save comparison (the three stagers and the floor), side by side.
 The tensor size matters on the CPU: glibc serves allocations under its mmap threshold (at
 most 32 MiB) from memory a freed copy returned to it, so the default stager's second copy of
 small tensors lands in warm pages anyway; larger ones are mapped afresh, and faulted in, on
@@ -47,7 +49,7 @@ def _shapes(nbytes: int, tensor_floats: int = TENSOR_FLOATS) -> list[int]:
     return [min(tensor_floats, total - i) for i in range(0, total, tensor_floats)]
 
 
-def worker(directory: str, nbytes: int, tensor_floats: int = TENSOR_FLOATS, reused_first: int = 0) -> None:
+def worker(directory: str, nbytes: int, tensor_floats: int = TENSOR_FLOATS, reversed_order: int = 0) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
@@ -68,37 +70,59 @@ def worker(directory: str, nbytes: int, tensor_floats: int = TENSOR_FLOATS, reus
     t0 = time.perf_counter()
     dcp.save({"model": state}, checkpoint_id=os.path.join(directory, "sync"), process_group=group)
     out["save"] = time.perf_counter() - t0
-    out.update(_async_saves(dcp, dist, state, directory, group, bool(reused_first)))
+    out.update(_async_saves(dcp, dist, state, directory, group, bool(reversed_order)))
     dist.barrier()
     if rank == 0:
         print(json.dumps(out), flush=True)
     dist.destroy_process_group()
 
 
-def _async_saves(dcp, dist, state: dict, directory: str, group, reused_first: bool) -> dict:
-    """Two async saves with DCP's default stager and two through one reused stager (which pair
-    goes first alternates between repeats); each timed until it returns (the caller's blocked
-    time) and until its future is done."""
-    from orbit_dagster.workloads.fsdpscript.train import reused_stager
+def _async_saves(dcp, dist, state: dict, directory: str, group, reversed_order: bool) -> dict:
+    """Two async saves with DCP's default stager (a new one each call), two through one
+    DefaultStager kept for the run, two through the fsdpscript's KeptStager (which pair goes
+    first alternates between repeats); each timed until it returns (the caller's blocked time)
+    and until its future is done."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    from orbit_dagster.workloads.fsdpscript.train import KeptStager
 
     out = {}
-    stager = reused_stager()
-    pairs = [[("async", None, 0), ("async", None, 1)], [("reused", stager, 0), ("reused", stager, 1)]]
-    runs = pairs[1] + pairs[0] if reused_first else pairs[0] + pairs[1]
+    reused = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False, use_async_staging=False,
+                                          use_non_blocking_copy=False))
+    kept = KeptStager()
+    pairs = [[(name, stager, 0), (name, stager, 1)] for name, stager in (("async", None), ("reused", reused),
+                                                                         ("kept", kept))]
+    runs = [run for pair in (pairs[::-1] if reversed_order else pairs) for run in pair]
     for name, async_stager, i in runs:
         dist.barrier()
         t0 = time.perf_counter()
         future = dcp.async_save({"model": state}, checkpoint_id=os.path.join(directory, f"{name}-{i}"),
                                 process_group=group, async_stager=async_stager)
         blocked = time.perf_counter() - t0
-        future.result()  # before the next save: a reused stager's buffers are the writer's until then
+        future.result()  # before the next save: a kept stager's buffers are the writer's until then
         done = time.perf_counter() - t0
         if i == 1:  # the second save of each: what every save after a run's first one costs
             out.update({f"{name}_blocked": blocked, f"{name}_save": done})
-        elif name == "reused":
-            out["reused_first_blocked"] = blocked
-    stager.close()
+        elif name == "kept":
+            out["kept_first_blocked"] = blocked
+    reused.close()
+    kept.close()
+    out["copy_floor"] = _copy_floor(dist, state)
     return out
+
+
+def _copy_floor(dist, state: dict) -> float:
+    """The floor of any staging on this machine: this rank's shards copied into host buffers it
+    already holds (faulted in by a first copy), with nothing else of a save around it."""
+    shards = [t.to_local() for t in state.values()]
+    buffers = [torch.empty_like(t) for t in shards]
+    for b, t in zip(buffers, shards):
+        b.copy_(t)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for b, t in zip(buffers, shards):
+        b.copy_(t)
+    return time.perf_counter() - t0
 
 
 def _drop_cache(directory: Path) -> None:
@@ -119,7 +143,7 @@ def measure(nbytes: int, root: Path, repeat: int, tensor_floats: int = TENSOR_FL
 
     store = open_store((root / "sharded-store").as_uri())
     out: dict[str, list] = {k: [] for k in ("save", "async_blocked", "async_save", "reused_blocked", "reused_save",
-                                            "reused_first_blocked", "register", "load", "raw_write", "raw_read")}
+                                            "kept_blocked", "kept_save", "kept_first_blocked", "copy_floor", "register", "load", "raw_write", "raw_read")}
     blob = os.urandom(min(nbytes, 64 << 20)) * max(1, nbytes // (64 << 20))  # raw I/O: as many bytes
     for r in range(repeat):
         work = root / f"sharded-{r}"
@@ -185,8 +209,10 @@ def staging_main(argv: list[str]) -> None:
                     help="MiB per tensor of the whole state (each rank holds half)")
     args = ap.parse_args(argv)
     units = {"M": 10**6, "G": 10**9}
-    print("| state | default stager: blocked s, median (min-max) | per GB | reused stager: blocked s, median (min-max) "
-          "| per GB | reused, first save | done s, default / reused |\n|---|---|---|---|---|---|---|")
+    print("| state | default stager (new each save): blocked s, median (min-max) | per GB | DefaultStager kept for the "
+          "run | per GB | KeptStager (the fsdpscript's) | per GB | KeptStager, first save | plain copy into held "
+          "buffers (the floor) | per GB | KeptStager / floor | done s: default / kept DefaultStager / KeptStager |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
     for size in args.sizes.split(","):
         nbytes = int(float(size[:-1]) * units[size[-1]])
         with tempfile.TemporaryDirectory(dir=args.dir) as d:
@@ -198,7 +224,9 @@ def staging_main(argv: list[str]) -> None:
             return f"{med[k]:.3f} ({min(t[k]):.3f}-{max(t[k]):.3f}) | {med[k] / gb:.3f}"
 
         print(f"| {size} in {args.tensor_mb} MiB tensors | {cell('async_blocked')} | {cell('reused_blocked')} | "
-              f"{med['reused_first_blocked']:.3f} | {med['async_save']:.3f} / {med['reused_save']:.3f} |", flush=True)
+              f"{cell('kept_blocked')} | {med['kept_first_blocked']:.3f} | {cell('copy_floor')} | "
+              f"{med['kept_blocked'] / med['copy_floor']:.2f} | {med['async_save']:.3f} / {med['reused_save']:.3f} / "
+              f"{med['kept_save']:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

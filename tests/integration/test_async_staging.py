@@ -20,7 +20,7 @@ def clone(value):
 
 
 def test_the_reused_stager_copies_into_the_same_host_buffer_and_holds_the_current_values():
-    stager = train.reused_stager()
+    stager = train.KeptStager()
     try:
         w = torch.arange(4096, dtype=torch.float32)
         first = stager.stage({"w": w})
@@ -29,6 +29,24 @@ def test_the_reused_stager_copies_into_the_same_host_buffer_and_holds_the_curren
         second = stager.stage({"w": w})
         assert second["w"].data_ptr() == first["w"].data_ptr()  # no new host memory for the second save
         assert torch.equal(second["w"], w)  # refreshed, not the first save's values
+    finally:
+        stager.close()
+
+
+def test_a_state_with_other_keys_than_the_first_save_gets_new_buffers_and_plain_values_stay_current():
+    stager = train.KeptStager()
+    try:
+        w = torch.ones(8)
+        first = stager.stage({"w": w, "step": 1})
+        w.add_(1)
+        moments = torch.full((8,), 5.0)
+        second = stager.stage({"w": w, "m": moments, "step": 2})  # an optimiser's state made since
+        assert second["step"] == 2 and torch.equal(second["w"], w) and torch.equal(second["m"], moments)
+        assert torch.equal(first["w"], torch.ones(8))  # the first save's copy was not written over
+        w.add_(1)
+        third = stager.stage({"w": w, "m": moments, "step": 3})
+        assert third["m"].data_ptr() == second["m"].data_ptr() and torch.equal(third["w"], w)
+        assert third["step"] == 3
     finally:
         stager.close()
 
