@@ -15,8 +15,7 @@ d=768, 14 layers, 12 heads (~99M parameters, a 1.2 GB checkpoint with AdamW's mo
 
 Each (model, interval) is measured in a process of its own, as production runs each
 training: a run measured before it in the same process would leave its heap and threads
-behind (a record that ran them one after another in one process measured the 100M model's
-200-step interval at +10%, the same blocks alone at +0.8%). One training run is cut into blocks of one durable interval, each centred on a durable
+behind. One training run is cut into blocks of one durable interval, each centred on a durable
 save's step; the checkpoint policy is switched on and off block by block (on/off, then
 off/on, ...), so that both halves of a pair see the same machine load, which on a shared
 machine comes in bursts that a run-against-run comparison cannot tell from the effect.

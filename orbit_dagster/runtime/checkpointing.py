@@ -4,7 +4,7 @@
    allows (MEMORY_BUDGET); lets an emergency save proceed even when a training step is
    long and the notice lands mid-step;
 2. durable: every N steps to the checkpoint store. The training thread only copies the
-   state to host memory (pinned buffers, reused between saves, when the state is on a
+   state to host memory (buffers reused between saves, pinned when the state is on a
    GPU) and goes on; a background thread serialises it straight into the store, whose
    threads hash and write its parts meanwhile (storage/parts.py);
 3. emergency: on a reclaim notice, the newest state is persisted synchronously, ahead of
@@ -92,7 +92,7 @@ class Checkpointer:
         # emergency delta is compared with. Kept only while deltas can pay off (see _keep_base).
         self._base: tuple[str, dict[str, Any]] | None = None
         self._versions: dict[str, tuple[int, int]] | None = None
-        self._spare: dict[str, torch.Tensor] | None = None  # pinned buffers to reuse for the next durable copy
+        self._spare: dict[str, torch.Tensor] | None = None  # host buffers to reuse for the next durable copy
         self._writer = threading.Thread(target=self._drain, name="durable-writer", daemon=True)
         self._writer.start()
         self._errors: list[BaseException] = []
@@ -178,9 +178,11 @@ class Checkpointer:
             self._base = (uri, D.flatten(snapshot))  # the old base is dropped, never recycled (a reader may hold it)
         else:
             self._base = None
-            pinned = {k: v for k, v in D.flatten(snapshot).items() if isinstance(v, torch.Tensor) and v.is_pinned()}
+            # Written and not the delta base: nothing reads this copy any more, so the next
+            # durable save copies into its buffers (encoding.stage) instead of new memory.
+            buffers = {k: v for k, v in D.flatten(snapshot).items() if isinstance(v, torch.Tensor)}
             with self._lock:
-                self._spare = pinned or None
+                self._spare = buffers or None
 
     def _raise_writer_errors(self) -> None:
         if self._errors:

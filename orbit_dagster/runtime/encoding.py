@@ -96,12 +96,14 @@ def has_cuda(state: Any) -> bool:
 def stage(state: Any, spare: dict[str, torch.Tensor] | None = None) -> Any:
     """A host copy of `state` that later training steps cannot change.
 
-    CUDA tensors go to pinned buffers, asynchronously, synchronised once at the end; the
-    pinned buffers of `spare` (a flattened earlier copy) are reused where path, shape and
-    dtype match, because pinning memory is slow (a driver call per allocation). CPU tensors
-    get fresh memory each time: a kept pageable copy would hold the state's size in memory
-    between saves, and on the VM our figures come from it was not faster to refill (idle
-    pages are paged out by the kernel's proactive reclaim, so they fault in again anyway).
+    CUDA tensors go to pinned buffers, asynchronously, synchronised once at the end; CPU
+    tensors are copied synchronously. The buffers of `spare` (a flattened earlier copy that
+    nothing reads any more) are reused where path, shape, dtype and layout match (for a CUDA
+    tensor, pinned ones only): pinning memory is slow (a driver call per allocation), and fresh
+    pageable memory is faulted in page by page as the copy first touches it, which on the
+    machine of docs/benchmarks.md made a 1.2 GB copy take 1.1-2.2 s instead of 0.1 s into
+    buffers already held (bench/step_overhead.py's "blocked s per durable save"). The price is
+    a host copy of the state kept between saves.
     """
     spare = spare or {}
     devices: set[torch.device] = set()
@@ -110,9 +112,9 @@ def stage(state: Any, spare: dict[str, torch.Tensor] | None = None) -> Any:
         if isinstance(obj, torch.Tensor):
             src = obj.detach()
             pin = src.is_cuda
-            buf = spare.get(D.path_key(path)) if pin else None
+            buf = spare.get(D.path_key(path))
             if (buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.layout != src.layout
-                    or src.layout != torch.strided or not buf.is_pinned()):
+                    or src.layout != torch.strided or buf.device.type != "cpu" or (pin and not buf.is_pinned())):
                 if src.layout != torch.strided:
                     return src.to("cpu", copy=True)
                 buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)

@@ -100,12 +100,15 @@ def test_stage_is_a_copy_later_steps_cannot_change():
     state["optim"]["param_groups"][0]["params"].append(99)
     assert not D.same_bytes(host["model"]["layer0.weight"], state["model"]["layer0.weight"])
     assert host["optim"]["param_groups"][0]["params"] == [0, 1, 2, 3]
-    # CPU tensors get fresh memory every time (a kept pageable copy can be paged out while idle);
-    # only pinned buffers (a GPU state's) are reused: that path needs CUDA (bench/gpu_check.py).
+    # The buffers of an earlier copy nothing reads any more are refilled where they match
+    # (no new memory to fault in); one of another shape is not, and the copy is still whole.
     spare = {k: v for k, v in D.flatten(host).items() if isinstance(v, torch.Tensor)}
+    spare['["model", "layer0.weight"]'] = torch.zeros(3)
     again = stage(state, spare)
     assert_same(again, state)
-    assert again["model"]["layer1.weight"].data_ptr() != spare['["model", "layer1.weight"]'].data_ptr()
+    assert again["model"]["layer1.weight"].data_ptr() == spare['["model", "layer1.weight"]'].data_ptr()
+    assert again["model"]["strided"].data_ptr() == spare['["model", "strided"]'].data_ptr()
+    assert again["model"]["layer0.weight"].data_ptr() != spare['["model", "layer0.weight"]'].data_ptr()
 
 
 def test_same_bytes_is_exact():
@@ -194,9 +197,16 @@ def test_full_fine_tune_keeps_no_base_and_saves_in_full(tmp_path):
     train_step()
     ck.save_durable_async(2, state, {})
     ck.flush()
-    assert ck._base is None and ck._spare is None  # all of it was written to: nothing kept (CPU: no pinned buffers)
+    # All of it was written to: no delta base kept; the written copy's buffers wait for the next save.
+    assert ck._base is None and set(ck._spare) == {k for k, v in D.flatten(state).items() if isinstance(v, torch.Tensor)}
+    spare = dict(ck._spare)
     train_step()
-    uri = ck.save_emergency(3, state, {}, source="sigterm")
+    ck.save_durable_async(3, state, {})
+    ck.flush()
+    assert_same(load(store, checkpoints(tmp_path)[-1]["uri"], tmp_path / "3"), state)  # refilled, not stale
+    assert all(ck._spare[k].data_ptr() == v.data_ptr() for k, v in spare.items())  # the same memory again
+    train_step()
+    uri = ck.save_emergency(4, state, {}, source="sigterm")
     ev = checkpoints(tmp_path)[-1]
     assert "delta_of" not in ev and ev["changed_measure"] == "writes" and ev["changed_fraction"] > 0.99
     assert_same(load(store, uri, tmp_path), state)
