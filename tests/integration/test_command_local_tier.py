@@ -23,14 +23,14 @@ import pytest
 from orbit_dagster.control import checkpoints as C
 from orbit_dagster.control.attempt import AttemptMonitor
 from orbit_dagster.control.context import NullReporter
-from orbit_dagster.core.host_contract import read_chunk
 from orbit_dagster.runtime.agent import EXIT_PREEMPTED
 from orbit_dagster.settings import Settings
 from orbit_dagster.storage import open_store
 from tests.helpers import wait_for
 from tests.integration.moto_fixtures import MetadataStandIn, aws_env, moto_server, s3_bucket  # noqa: F401
 from tests.integration.test_command_workload import JOB, script_bundle
-from tests.integration.test_local_tier import Handle, Host
+from tests.integration.test_local_tier import Handle, Host, follow_events, ledger_events
+from tests.integration.test_local_tier import registered_steps as local_tier_steps
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = f"{JOB}#1"
@@ -117,18 +117,11 @@ def notice_after_the_durable_save(host: subprocess.Popen, tmp_path: Path, metada
 
 
 def follow(monitor: AttemptMonitor, tmp_path: Path) -> None:
-    """What the run following the attempt does with the host's file, then at the attempt's end."""
-    entries, _ = read_chunk((tmp_path / "w" / "artifacts" / "events.jsonl").read_bytes(), 0)
-    monitor._on_events(entries)
-    C.record_missed_uploads(monitor.ledger, JOB, RUN)
-
-
-def ledger_events(monitor: AttemptMonitor, kind: str) -> list[dict]:
-    return [json.loads(r["detail"]) for r in monitor.ledger.rows("SELECT detail FROM events WHERE kind = ?", [kind])]
+    follow_events(monitor, tmp_path / "w" / "artifacts" / "events.jsonl", JOB, RUN)
 
 
 def registered_steps(monitor: AttemptMonitor) -> list[int]:
-    return [r["step"] for r in monitor.ledger.rows("SELECT step FROM checkpoints WHERE job_id = ? ORDER BY step", [JOB])]
+    return local_tier_steps(monitor, JOB)
 
 
 def test_a_scripts_emergency_save_is_reported_on_the_local_disk_then_uploaded_and_registered(env):

@@ -80,19 +80,23 @@ def of_type(tmp_path: Path, kind: str) -> list[dict]:
     return [r for r in records(tmp_path) if r["type"] == kind]
 
 
-def follow(monitor: AttemptMonitor, tmp_path: Path) -> None:
-    """What the run following the attempt does with the host's file, then at the attempt's end."""
-    entries, _ = read_chunk((tmp_path / "events.jsonl").read_bytes(), 0)
+def follow_events(monitor: AttemptMonitor, events: Path, job: str, run: str) -> None:
+    """What the run following the attempt does with the host's events file, then at the attempt's end."""
+    entries, _ = read_chunk(events.read_bytes(), 0)
     monitor._on_events(entries)
-    C.record_missed_uploads(monitor.ledger, JOB, RUN)
+    C.record_missed_uploads(monitor.ledger, job, run)
+
+
+def follow(monitor: AttemptMonitor, tmp_path: Path) -> None:
+    follow_events(monitor, tmp_path / "events.jsonl", JOB, RUN)
 
 
 def ledger_events(monitor: AttemptMonitor, kind: str) -> list[dict]:
     return [json.loads(r["detail"]) for r in monitor.ledger.rows("SELECT detail FROM events WHERE kind = ?", [kind])]
 
 
-def registered_steps(monitor: AttemptMonitor) -> list[int]:
-    return [r["step"] for r in monitor.ledger.rows("SELECT step FROM checkpoints WHERE job_id = ? ORDER BY step", [JOB])]
+def registered_steps(monitor: AttemptMonitor, job: str = JOB) -> list[int]:
+    return [r["step"] for r in monitor.ledger.rows("SELECT step FROM checkpoints WHERE job_id = ? ORDER BY step", [job])]
 
 
 def test_a_slow_store_and_a_short_notice_go_to_the_local_disk_first_and_end_durable_and_verified(env):
