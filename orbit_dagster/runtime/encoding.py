@@ -100,10 +100,10 @@ def stage(state: Any, spare: dict[str, torch.Tensor] | None = None) -> Any:
     tensors are copied synchronously. The buffers of `spare` (a flattened earlier copy that
     nothing reads any more) are reused where path, shape, dtype and layout match (for a CUDA
     tensor, pinned ones only): pinning memory is slow (a driver call per allocation), and fresh
-    pageable memory is faulted in page by page as the copy first touches it, which on the
-    machine of docs/benchmarks.md made a 1.2 GB copy take 1.1-2.2 s instead of 0.1 s into
-    buffers already held (bench/step_overhead.py's "blocked s per durable save"). The price is
-    a host copy of the state kept between saves.
+    pageable memory is faulted in page by page as the copy first touches it: on the machine
+    of docs/benchmarks.md a 1.2 GB copy into new memory took 1.6-2.1 s, into buffers already
+    held 0.09-0.11 s, after up to 150 s idle (bench/host_copy.py). The price is a host copy of
+    the state kept between saves.
     """
     spare = spare or {}
     devices: set[torch.device] = set()
