@@ -235,7 +235,7 @@ def test_the_local_disk_tier_is_version_3_and_a_version_2_line_cannot_carry_it()
 def test_a_command_workloads_local_copy_has_no_sha256_and_is_still_version_3():
     """The agent reports a script's own files before uploading them, unhashed (runtime/command.py):
     the line leaves `sha256` out and reads back as None, still version 3."""
-    unhashed = H.LocalCheckpoint(step=8, attempt=2, uri="file:///host/work/command/train-a2/checkpoints/ckpt_8.pt",
+    unhashed = H.LocalCheckpoint(step=8, attempt=2, uri="file:///instance/checkpoints/ckpt_8.pt",
                                  bytes=1234, seconds=0.4)
     line = json.loads(H.encode(H.stamp(unhashed, seq=1, ts=0.0)))
     assert "sha256" not in line and line["contract"] == 3 and H.version_of(unhashed) == 3
