@@ -218,26 +218,19 @@ class CommandRun:
             steps = [s for s in self._losses if s <= step]
             return self._losses[max(steps)] if steps else None
 
-    @staticmethod
-    def _written_at(files: dict[str, Path]) -> float:
-        """When the script finished writing these files: the newest mtime."""
-        return max((f.stat().st_mtime for f in files.values()), default=time.time())
-
-    def _after_notice(self, files: dict[str, Path]) -> bool:
+    def _after_notice(self, written: float) -> bool:
         """Whether the script wrote this checkpoint after the notice came: a periodic save it
         finished just before is registered after the notice (the watcher waits for files to
         settle) but is a durable one. The kernel stamps mtimes from a coarse clock (a tick,
         up to 10 ms, behind), hence the margin: a save written in the tick after the notice
-        is never taken for one written before it."""
-        if self._notice_at is None:
-            return False
-        return self._written_at(files) >= self._notice_at - MTIME_MARGIN_S
+        is never taken for one written before it. `written`: the files' newest mtime, when the
+        script finished writing them."""
+        return self._notice_at is not None and written >= self._notice_at - MTIME_MARGIN_S
 
-    def _report_local(self, found: Found, files: dict[str, Path]) -> float | None:
+    def _report_local(self, found: Found, files: dict[str, Path], written: float) -> float | None:
         """The `local_checkpoint` record of an emergency save, the script's files being its
         copy on this disk (see the class docstring); returns its `seconds`, or None where the
         record could not be written. Stats only: no byte is read before the upload."""
-        written = self._written_at(files)
         seconds = round(max(0.0, written - (self._notice_at or written)), 6)  # an mtime may trail by a tick
         left = round(max(0.0, self._deadline - written), 3) if self._deadline else None
         try:
@@ -254,7 +247,8 @@ class CommandRun:
         staging = self.home / f"parts-{found.step}"
         try:
             files = self._files_of(found)
-            tier = "emergency" if self._after_notice(files) else "durable"
+            written = max((f.stat().st_mtime for f in files.values()), default=time.time())
+            tier = "emergency" if self._after_notice(written) else "durable"
             source = self.notices.source if tier == "emergency" else None
             if self.group is not None and self.group.node_rank > 0:  # its part; node 0 reports the checkpoint
                 return group.store_part(self.store, self.job_id, self.attempt, self.group, found, files, tier, source)
@@ -264,7 +258,7 @@ class CommandRun:
                     return  # torn: a node's part never came (gather said so)
                 files, tier, source = group.union(files, parts, tier, source)
             # A group's emergency save has no one local copy (its parts lie on several disks).
-            local_s = self._report_local(found, files) if tier == "emergency" and self.group is None else None
+            local_s = self._report_local(found, files, written) if tier == "emergency" and self.group is None else None
             name = checkpoint_dir_name(found.step, self.attempt)
             upload_began = time.perf_counter()
             manifest = store_files(self.store, self.job_id, name, files, CheckpointManifest(
