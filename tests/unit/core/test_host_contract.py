@@ -241,3 +241,13 @@ def test_a_command_workloads_local_copy_has_no_sha256_and_is_still_version_3():
     assert "sha256" not in line and line["contract"] == 3 and H.version_of(unhashed) == 3
     (back,), _ = H.read_chunk((json.dumps(line) + "\n").encode(), 0)
     assert back.sha256 is None and back.bytes == 1234 and back.time_left_s is None
+
+
+def test_a_local_checkpoint_whose_optional_sha256_is_not_a_string_is_refused_naming_the_field():
+    line = {"type": "local_checkpoint", "seq": 1, "ts": 0.0, "contract": 3, "step": 8, "attempt": 2,
+            "uri": "file:///instance/checkpoints/ckpt_8.pt", "bytes": 1234, "seconds": 0.4}
+    for bad in (5, ["a"], {"x": 1}):
+        (refused,), _ = H.read_chunk((json.dumps({**line, "sha256": bad}) + "\n").encode(), 0)
+        assert isinstance(refused, H.Rejected) and "sha256" in refused.reason, bad
+    (null,), _ = H.read_chunk((json.dumps({**line, "sha256": None}) + "\n").encode(), 0)
+    assert isinstance(null, H.LocalCheckpoint) and null.sha256 is None
