@@ -2,6 +2,11 @@
 allocated by the first save and reused by the next. A reused buffer must never carry one
 save's data into another's checkpoint: each checkpoint, loaded back, holds exactly the state
 of its own step (CPU only; the pinned variant needs CUDA and is the same code path)."""
+import json
+import os
+import subprocess
+import sys
+
 import torch
 import torch.distributed.checkpoint as dcp
 
@@ -78,3 +83,25 @@ def test_two_async_saves_through_one_stager_each_hold_their_own_step(tmp_path):
         dcp.load(loaded, checkpoint_id=str(tmp_path / f"ckpt_{step}"))
         assert same_tensors(expected[step], loaded, f"ckpt_{step}") >= 7  # 4 parameters, their Adam moments, step
     assert not list(tmp_path.glob(".tmp-ckpt_*"))  # each one published whole
+
+
+def test_a_written_async_save_is_published_at_once_not_when_the_next_save_begins(tmp_path):
+    """The script in one process, a save every 10000 steps: `ckpt_10000` must appear while
+    training goes on towards the next save (a host lost before step 20000 keeps it), not when
+    that save waits for its writer. The reading lags the script by at most a pipe's worth of
+    lines (~1500 steps), so a checkpoint still missing when the script has printed step 14000
+    was not published before step 20000 either: the script is killed there."""
+    every = 10000
+    proc = subprocess.Popen([sys.executable, train.__file__, "--output_dir", str(tmp_path), "--steps", str(3 * every),
+                             "--save_every", str(every)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        for line in proc.stdout:
+            step = json.loads(line)["step"]
+            published = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt_"))
+            if published or step >= every + 4000:
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (published, every < step < every + 4000) == (["ckpt_10000"], True), step

@@ -17,9 +17,11 @@ training goes on, on a process group of its own when there are several ranks); t
 thread blocks only for the staging copy. One stager serves every save of the run, so the host
 buffers are allocated once and reused (pinned where CUDA is there, so the device-to-host copy
 runs at full speed; plain reused host memory on the CPU); a save waits for the previous one
-to finish writing before it copies into the same buffers. The save on a stop (SIGTERM, agreed
-by all ranks at a step boundary) and the last one are synchronous. `--resume_from` loads a checkpoint written by any number of ranks into this
-run's layout (DCP reshards on load), one plain process included.
+to finish writing before it copies into the same buffers. A finished save is renamed into
+place at the first step after its writer is done. The save on a stop (SIGTERM, agreed by all
+ranks at a step boundary) and the last one are synchronous. `--resume_from` loads a
+checkpoint written by any number of ranks into this run's layout (DCP reshards on load), one
+plain process included.
 
 `--batch` is the step's global batch, whatever the number of ranks: each rank takes its
 share of it. `--micro_batch M` bounds what one rank puts through the model at once: a share
@@ -147,6 +149,12 @@ class Saver:
         if self.local_rank == 0:
             os.replace(os.path.join(self.out, f".tmp-ckpt_{step}"), os.path.join(self.out, f"ckpt_{step}"))
 
+    def publish_if_written(self) -> None:
+        """Called at every step: a save whose writer is done appears at once, not when the next
+        save begins an interval later (a host lost meanwhile would lose it with the interval)."""
+        if self.pending is not None and self.pending[0].done():
+            self.wait()
+
     def wait(self) -> None:
         if self.pending is not None:
             future, step = self.pending
@@ -222,6 +230,7 @@ def main() -> None:
             part.backward()
             loss += part.detach()
         opt.step()
+        saver.publish_if_written()
         flag = torch.tensor([1 if stop else 0])
         if distributed:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
