@@ -1,6 +1,7 @@
 """Step-time overhead of the checkpoint policy against none, side by side in one run.
 
     python bench/step_overhead.py [--models demo,100M] [--pairs 12] [--threads 2] [--every-100m 20,N] [--record FILE]
+                                  [--section NAME]
 
 The example workload (workloads/charlm/train.py, unchanged) runs through a real RunContext
 with a filesystem checkpoint store and the template's tiers: a memory snapshot every 5
@@ -63,7 +64,7 @@ from orbit_dagster.runtime.sdk import RunContext  # noqa: E402
 from orbit_dagster.storage import open_store  # noqa: E402
 
 WORKLOAD = REPO / "orbit_dagster" / "workloads" / "charlm"
-BEGIN, END = "<!-- step-overhead:begin -->", "<!-- step-overhead:end -->"
+SECTION = "step-overhead"  # the record's markers in docs/benchmarks.md: <!-- SECTION:begin/end -->
 GOAL = 0.02
 LOAD_AT_START = os.getloadavg()[0]  # other processes' load, recorded with the figures
 MODELS = {
@@ -240,9 +241,10 @@ HEADER = ("| model | checkpoint | durable every (steps) | pairs | off s/step (wa
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
-def record(path: Path, rows: list[str], command: str, seconds: float) -> None:
+def record(path: Path, rows: list[str], command: str, seconds: float, name: str = SECTION) -> None:
     plan = devices.plan()
-    section = (f"\n## Checkpoint step-time overhead (bench/step_overhead.py)\n\nMeasured {date.today().isoformat()} "
+    title = "bench/step_overhead.py" + ("" if name == SECTION else f", section {name}")
+    section = (f"\n## Checkpoint step-time overhead ({title})\n\nMeasured {date.today().isoformat()} "
                f"on {platform.machine()} ({os.cpu_count()} cores, shared with other work: load average "
                f"{LOAD_AT_START:.1f} at the start, {os.getloadavg()[0]:.1f} at the end), device {plan.device} "
                f"({plan.name}, {plan.precision}), torch {torch.__version__}, "
@@ -252,7 +254,7 @@ def record(path: Path, rows: list[str], command: str, seconds: float) -> None:
                "seconds it spent more); the overhead at another durable interval is about this / that interval's "
                "length in seconds.\n\n"
                f"{HEADER}\n" + "\n".join(rows) + "\n")
-    replace_section(path, BEGIN, END, section)
+    replace_section(path, f"<!-- {name}:begin -->", f"<!-- {name}:end -->", section)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every-100m", default="40", help="the same for the 100M model, e.g. 20,N")
     ap.add_argument("--memory-every", type=int, default=5)
     ap.add_argument("--record", type=Path, default=None)
+    ap.add_argument("--section", default=SECTION, help="the record's markers, so that a row measured apart (an "
+                    "interval that takes an hour) is kept beside the main record instead of replacing it")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # MODEL:EVERY, one measurement (measure_apart)
     args = ap.parse_args(argv)
     if args.one:
@@ -281,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER + "\n" + "\n".join(rows))
     if args.record:
         argv_txt = " ".join(sys.argv[1:]).replace(str(args.record), "docs/benchmarks.md")
-        record(args.record, rows, f"python bench/step_overhead.py {argv_txt}".strip(), time.time() - t0)
+        record(args.record, rows, f"python bench/step_overhead.py {argv_txt}".strip(), time.time() - t0,
+               args.section)
     return 0
 
 
