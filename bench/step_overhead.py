@@ -157,7 +157,8 @@ def blocked_run(train, cfg: dict, root: Path, *, threads: int, every: int, memor
         pair, second = divmod(b - 1, 2)
         return second == pair % 2  # pairs of blocks: on/off, off/on, on/off, ...
 
-    first, last = every - half, n_blocks * every + half  # block 1 starts after step E/2
+    first = every - half  # block 1 starts after step E/2 (rounded down)
+    last = first + n_blocks * every  # an odd interval's blocks too end on a step
     run_dir, job = _job_dir(root, cfg, last + 10, threads)
     ctx = TimedContext(job=job, bundle_dir=run_dir, workdir=run_dir, attempt=1,
                        events=EventWriter(run_dir / "events.jsonl"), store=open_store((run_dir / "store").as_uri()),
