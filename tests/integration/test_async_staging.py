@@ -105,3 +105,23 @@ def test_a_written_async_save_is_published_at_once_not_when_the_next_save_begins
         proc.kill()
         proc.wait()
     assert (published, every < step < every + 4000) == (["ckpt_10000"], True), step
+
+
+def test_a_failed_async_writer_stops_the_script_at_once_and_publishes_nothing_of_it(tmp_path):
+    """A save whose background writer fails (here: its directory cannot be made, a file is in
+    the way, as a full or broken disk would fail it) stops the script with the writer's error
+    at the next step, not an interval later, and nothing of that save is published; the
+    checkpoint before it stays whole and loadable."""
+    every = 5000
+    (tmp_path / f".tmp-ckpt_{2 * every}").write_bytes(b"")
+    proc = subprocess.run([sys.executable, train.__file__, "--output_dir", str(tmp_path), "--steps", str(4 * every),
+                           "--save_every", str(every)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    last = json.loads(proc.stdout.splitlines()[-1])["step"]
+    assert proc.returncode != 0 and "FileExistsError" in proc.stderr, proc.stderr[-2000:]
+    assert 2 * every <= last < 2 * every + 3000, last  # the next save (which would wait for it) is at 3 * every
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt_")) == [f"ckpt_{every}"]
+    model, opt = train.build(1234, 0.05, False)
+    loaded = train.state_of(model, opt, 0)
+    dcp.load(loaded, checkpoint_id=str(tmp_path / f"ckpt_{every}"))
+    assert int(loaded["step"]) == every
