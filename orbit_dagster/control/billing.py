@@ -34,10 +34,11 @@ def instance_row(instance: InstanceHandle, purpose: str, job_id: str, run_id: st
     }
 
 
-def attempt_checkpoints(ledger: Ledger, run_id: str) -> list[tuple[datetime, str]]:
-    """(time durable, key) of the checkpoints an attempt's run wrote: what its seconds bought."""
-    return [(as_datetime(r["created_at"]), r["checkpoint_key"]) for r in ledger.rows(
-        "SELECT created_at, checkpoint_key FROM checkpoints WHERE run_id = ? ORDER BY step", [run_id])]
+def attempt_checkpoints(ledger: Ledger, run_id: str) -> list[tuple[datetime, str, datetime | None]]:
+    """(time durable, key, time training went on past it) of the checkpoints an attempt's run
+    wrote: what its seconds bought (`core.costs.attribute_instance`)."""
+    return [(as_datetime(r["created_at"]), r["checkpoint_key"], as_datetime(r["trained_at"])) for r in ledger.rows(
+        "SELECT created_at, checkpoint_key, trained_at FROM checkpoints WHERE run_id = ? ORDER BY step", [run_id])]
 
 
 def release(settings: Settings, ledger: Ledger, provider: Provider, instance: InstanceHandle, *, job_id: str,

@@ -41,7 +41,23 @@ def row_from_event(ev: Checkpoint, *, job_id: str, run_id: str | None, lineage: 
         "save_seconds": _finite(ev.save_seconds),
         "created_at": as_datetime(ev.ts) if 0 < ev.ts < 4e9 else utcnow(),  # (False for a NaN)
         "registered_at": utcnow(),
+        "trained_at": trained_at(ev),
     }
+
+
+def trained_at(ev: Checkpoint) -> datetime | None:
+    """When training went on past the checkpoint's step, by the host's clock (as `created_at`):
+    an SDK save's call returned once the training thread's share was done (`blocked_seconds`
+    of its `save_seconds`); a script's published files began their upload to the store
+    (`write_seconds` before the event). After a loss, the work done since is what is wasted,
+    even though the save became durable later. None when the event cannot say."""
+    if ev.save_seconds is not None and ev.blocked_seconds is not None:
+        behind = ev.save_seconds - ev.blocked_seconds
+    else:
+        behind = ev.write_seconds
+    if behind is None or not 0 <= behind < 4e9 or not 0 < ev.ts < 4e9:  # (False for a NaN)
+        return None
+    return as_datetime(max(ev.ts - behind, 0.0))
 
 
 def key_from_uri(uri: str | None, job_id: str) -> str | None:

@@ -98,6 +98,14 @@ def _v9_groups(tx: Tx) -> None:
     _create_views(tx)
 
 
+def _v10_trained_at(tx: Tx) -> None:
+    # A ledger made by this code already has it (version 1 creates every table); an older one's
+    # checkpoints gain it, empty: their lost attempts' waste begins at their durable time, as it did.
+    columns = {c["name"] for c in sa.inspect(tx.conn).get_columns("checkpoints")}
+    if "trained_at" not in columns:
+        tx.conn.exec_driver_sql("ALTER TABLE checkpoints ADD COLUMN trained_at DOUBLE PRECISION")
+
+
 # (version, what it does, the change). Append only: a released migration never changes.
 MIGRATIONS: list[tuple[int, str, Callable[[Tx], None]]] = [
     (1, "transactional ledger: tables, indexes, views", _v1_initial),
@@ -109,6 +117,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[Tx], None]]] = [
     (7, "cost by job: evaluation dollars per training dollar", _create_views),
     (8, "offer discovery: each refresh per source, and the change set", _v8_discovery),
     (9, "the nodes of multi-node attempts, and cost by node", _v9_groups),
+    (10, "when training went on past each checkpoint", _v10_trained_at),
 ]
 LATEST = MIGRATIONS[-1][0]
 

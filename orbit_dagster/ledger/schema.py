@@ -116,6 +116,10 @@ TABLES: dict[str, TableSpec] = {t.name: t for t in [
            col("uri"), col("sha256"), col("bytes", I), col("weights_sha256"), col("train_loss", F),
            col("save_seconds", F), col("created_at", F), col("registered_at", F),
            col("deleted_at", F), col("deleted_reason"),
+           # When training went on past the step (an async save or an upload becomes durable
+           # later): where a lost attempt's wasted work begins (core/costs.py). NULL: not
+           # reported. Last, as migration 10 adds it to an older ledger.
+           col("trained_at", F),
            key=("checkpoint_key",),
            indexes=(("job_id", "step"), ("lineage", "step"), ("experiment",), ("registered_at",), ("uri",))),
     # One row per (checkpoint, suite): the request and, once done, its result. `state` is

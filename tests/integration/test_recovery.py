@@ -73,6 +73,14 @@ def test_sigkill_without_notice_resumes_from_the_last_durable_checkpoint(setting
         "SELECT (max(ts) - min(ts)) / (max(step) - min(step)) FROM metric_points WHERE run_id = ?",
         [R.run_id_for(job, 1)])
     assert abs(wasted - lost_steps * step_s) <= 2 * step_s + 1.2
+    # The waste begins where training went on past the last checkpoint (its async save's call
+    # returned), not where that save became durable a little later.
+    last = ledger.one("SELECT created_at, trained_at FROM checkpoints WHERE run_id = ? ORDER BY step DESC LIMIT 1",
+                      [R.run_id_for(job, 1)])
+    assert last["trained_at"] is not None and last["trained_at"] < last["created_at"], last
+    # (No wasted line at all when no progress was seen after it.)
+    waste_from = ledger.scalar("SELECT min(start_at) FROM costs WHERE job_id = ? AND kind = 'wasted'", [job])
+    assert waste_from is None or math.isclose(waste_from, last["trained_at"], abs_tol=1e-4), (waste_from, last)
     billed = ledger.scalar("SELECT sum(billed_usd) FROM instances WHERE job_id = ?", [job])
     assert math.isclose(ledger.scalar("SELECT sum(usd) FROM costs WHERE job_id = ?", [job]), billed, rel_tol=1e-9)
     # And the weights are those of an uninterrupted run.

@@ -47,10 +47,13 @@ def test_best_is_the_minimum(values):
     st.lists(st.floats(min_value=0, max_value=10_000), max_size=10),
     st.booleans(),
     st.floats(min_value=1e-6, max_value=1.0),
+    st.floats(min_value=0, max_value=1.0),
 )
-def test_cost_lines_sum_to_the_bill(duration, marks, lost, price):
+def test_cost_lines_sum_to_the_bill(duration, marks, lost, price, lag):
     stop = T0 + timedelta(seconds=duration)
-    ckpts = [(T0 + timedelta(seconds=m), f"j/{i}") for i, m in enumerate(sorted(marks))]
+    # Each checkpoint durable some seconds after training went on past it (an async save).
+    ckpts = [(T0 + timedelta(seconds=m), f"j/{i}", T0 + timedelta(seconds=m * (1 - lag)))
+             for i, m in enumerate(sorted(marks))]
     lines = attribute_instance(start=T0, stop=stop, usd_per_second=price, checkpoints=ckpts, lost=lost,
                                last_progress=stop - timedelta(seconds=duration / 3))
     billed = (stop - T0).total_seconds() * price  # datetimes hold microseconds
@@ -65,3 +68,23 @@ def test_wasted_is_the_work_after_the_last_checkpoint_of_a_lost_attempt():
                                last_progress=T0 + timedelta(seconds=90))
     kinds = {line.kind: line.seconds for line in lines}
     assert kinds == {"train": 60, "wasted": 30, "overhead": 10}
+
+
+def test_a_lost_attempts_waste_begins_where_training_went_on_past_its_last_checkpoint():
+    """An async save (or a script's upload) became durable at 70 s, but training had gone on
+    past its step at 60 s: the steps after 60 s are lost with the attempt, so its waste
+    begins there, not at 70 s; a sync save (no third time) is cut at its durable time."""
+    at = lambda s: T0 + timedelta(seconds=s)  # noqa: E731
+    lines = attribute_instance(start=T0, stop=at(100), usd_per_second=1.0, lost=True, last_progress=at(90),
+                               checkpoints=[(at(30), "j/30", at(25)), (at(70), "j/60", at(60))])
+    assert [(line.kind, line.checkpoint_key, line.seconds) for line in lines] == [
+        ("train", "j/30", 30), ("train", "j/60", 30), ("wasted", None, 30), ("overhead", None, 10)]
+    # No progress after it went on (an emergency save: training stopped for it): the save's
+    # seconds up to durable stay its own, the rest is overhead.
+    lines = attribute_instance(start=T0, stop=at(100), usd_per_second=1.0, lost=True, last_progress=at(58),
+                               checkpoints=[(at(70), "j/60", at(60))])
+    assert [(line.kind, line.seconds) for line in lines] == [("train", 70), ("overhead", 30)]
+    # An attempt that was not lost keeps every checkpoint's seconds up to its durable time.
+    lines = attribute_instance(start=T0, stop=at(100), usd_per_second=1.0, lost=False, last_progress=at(90),
+                               checkpoints=[(at(70), "j/60", at(60))])
+    assert [(line.kind, line.seconds) for line in lines] == [("train", 70), ("overhead", 30)]

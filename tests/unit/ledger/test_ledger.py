@@ -258,3 +258,18 @@ def test_migration_6_gives_an_older_ledger_the_run_workers_table(tmp_path):
     assert upgrade_schema(reopened) < 6 and current_version(reopened) == LATEST
     assert reopened.scalar("SELECT count(*) FROM run_workers") == 0
     assert reopened.scalar("SELECT count(*) FROM jobs") == 1
+
+
+def test_migration_10_gives_an_older_ledgers_checkpoints_the_trained_at_column(tmp_path):
+    ledger = fresh(tmp_path)
+    new_job(ledger)
+    ledger.commit({"checkpoints": [{"checkpoint_key": "j/a1/40", "job_id": "j", "step": 40, "created_at": 5.0}]})
+    con = sqlite3.connect(tmp_path / "l" / "ledger.sqlite")  # the checkpoints table as version 9 left it
+    con.execute("ALTER TABLE checkpoints DROP COLUMN trained_at")
+    con.execute("DELETE FROM schema_migrations WHERE version >= 10")
+    con.commit()
+    con.close()
+    reopened = Ledger(url(tmp_path))
+    assert upgrade_schema(reopened) == 9 and current_version(reopened) == LATEST
+    assert reopened.one("SELECT checkpoint_key, trained_at FROM checkpoints") == {
+        "checkpoint_key": "j/a1/40", "trained_at": None}  # not known: its waste is cut at its durable time
