@@ -8,8 +8,10 @@ Add it to the Trainer's callbacks and resume through Lightning's own mechanism:
 Under orbit it (a) appends the logged metrics as `{"step": global_step, ...}` lines to
 ORBIT_METRICS_FILE, (b) saves `step-<global_step>.ckpt` into ORBIT_CHECKPOINT_DIR every
 ORBIT_CHECKPOINT_EVERY steps (written under a name the watcher ignores, moved into place with
-`os.replace`, then the sibling marker `step-<N>.ckpt.orbit-complete`), and (c) on SIGTERM or the
-stop file saves at the current step and stops. Outside orbit (no ORBIT_JOB_ID) it does nothing.
+`os.replace`, then the sibling marker `step-<N>.ckpt.orbit-complete`; with Lightning's
+`AsyncCheckpointIO` plugin, by its writer thread once the write is done), and (c) on SIGTERM or
+the stop file saves at the current step, waits until it is published and stops. Outside orbit
+(no ORBIT_JOB_ID) it does nothing.
 
 How it works with Lightning's own SIGTERM handling (lightning 2.6, `_SignalConnector`, outside
 SLURM): at the start of `fit` Lightning installs a SIGTERM handler that only sets
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from orbit_dagster.integrations import env
@@ -65,6 +68,12 @@ def metrics_from(callback_metrics: dict, outputs: Any = None, skip: frozenset[st
     if loss is not None and "train/loss" not in values:
         values["train/loss"] = loss
     return values
+
+
+def _publish(partial: Path, final: Path, step: int) -> None:
+    """A whole checkpoint file into place, then its marker (the watcher registers it from here)."""
+    os.replace(partial, final)
+    final.with_name(f"{final.name}{env.COMPLETE_MARKER}").write_text(f"{step}\n")
 
 
 class OrbitCallback(Callback):
@@ -111,8 +120,14 @@ class OrbitCallback(Callback):
         return self.signalled or env.stop_requested()
 
     # -- saving ------------------------------------------------------------------------
-    def save(self, trainer: Any, step: int) -> Path | None:
-        """Save Lightning's full checkpoint at `step` as step-<step>.ckpt, then its marker."""
+    def save(self, trainer: Any, step: int, *, wait: bool = False) -> Path | None:
+        """Save Lightning's full checkpoint at `step` as step-<step>.ckpt, then its marker.
+
+        With Lightning's `AsyncCheckpointIO` the write goes on in its thread after
+        `save_checkpoint` returns: the file is published (renamed, marked) by that same
+        one-worker thread, queued after the write, so it appears as soon as it is whole and
+        never before; a write that failed publishes nothing (Lightning raises its error at the
+        next save or at the end of `fit`). `wait`: return only once it is published (a stop)."""
         directory = env.checkpoint_dir()
         if directory is None or step <= 0:
             return None
@@ -121,10 +136,26 @@ class OrbitCallback(Callback):
             return final
         partial = directory / f".{final.name}.partial"  # a name the watcher never registers
         trainer.save_checkpoint(partial, weights_only=False)  # the full state: optimizer, loops, loaders
-        if trainer.is_global_zero:
-            os.replace(partial, final)
-            (directory / f"{final.name}{env.COMPLETE_MARKER}").write_text(f"{step}\n")
         self.saved.append(final)
+        if not trainer.is_global_zero:  # only global rank 0 writes the file
+            return final
+        io = getattr(trainer.strategy, "checkpoint_io", None)
+        if not isinstance(io, AsyncCheckpointIO):
+            _publish(partial, final, step)
+            return final
+        executor = getattr(io, "_executor", None)
+        if executor is None:  # another Lightning's internals: wait for the write (public), then publish
+            io.teardown()
+            _publish(partial, final, step)
+            return final
+
+        def publish_if_written() -> None:
+            if getattr(io, "_error", None) is None:  # the write queued before it did not fail
+                _publish(partial, final, step)
+
+        published = executor.submit(publish_if_written)
+        if wait:
+            published.result()
         return final
 
     def _write(self, trainer: Any, outputs: Any = None, skip: frozenset[str] = frozenset()) -> None:
@@ -144,7 +175,7 @@ class OrbitCallback(Callback):
         if periodic or stopping or step % max(1, trainer.log_every_n_steps) == 0:
             self._write(trainer, outputs, self._eval_keys)
         if periodic or stopping:
-            self.save(trainer, step)
+            self.save(trainer, step, wait=stopping)
         if stopping:
             trainer.should_stop = True
 
@@ -162,7 +193,7 @@ class OrbitCallback(Callback):
         # Lightning raised SIGTERMException where no batch end came first (the signal landed
         # in validation): save now, at the step the weights are at.
         if self.active and (isinstance(exception, SIGTERMException) or self._stop_requested()):
-            self.save(trainer, trainer.global_step)
+            self.save(trainer, trainer.global_step, wait=True)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self._installed and threading.current_thread() is threading.main_thread():

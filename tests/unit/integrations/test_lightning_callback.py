@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 
@@ -182,3 +183,49 @@ def test_periodic_saves_follow_the_agents_schedule_unless_every_is_given(orbit, 
     fixed = OrbitCallback(every=2)
     _fit(orbit / "fixed", 4, fixed)
     assert [p.name for p in fixed.saved] == ["step-2.ckpt", "step-4.ckpt"]
+
+
+def _async_fit(tmp_path, io, steps: int = 7) -> L.Trainer:
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+    torch.manual_seed(0)
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
+                        default_root_dir=tmp_path / "root", plugins=[AsyncCheckpointIO(io)], callbacks=[OrbitCallback()])
+    trainer.fit(Tiny(), train_dataloaders=_loader(4))
+    return trainer
+
+
+def test_with_async_checkpoint_io_a_save_is_published_only_once_its_write_is_done(orbit):
+    """Lightning's AsyncCheckpointIO writes in its thread after `save_checkpoint` returns: the
+    file and its marker must appear only once the write is whole (a slow write here)."""
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+    marked_early = []
+
+    class SlowIO(TorchCheckpointIO):
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            time.sleep(0.3)
+            super().save_checkpoint(checkpoint, path, storage_options)
+            step = checkpoint["global_step"]
+            marked_early.append((step, (orbit / "ck" / f"step-{step}.ckpt.orbit-complete").exists()))
+
+    _async_fit(orbit, SlowIO())
+    ck = orbit / "ck"
+    assert marked_early == [(3, False), (6, False)]
+    assert sorted(p.name for p in ck.iterdir()) == [
+        "step-3.ckpt", "step-3.ckpt.orbit-complete", "step-6.ckpt", "step-6.ckpt.orbit-complete"]
+    for step in (3, 6):
+        assert torch.load(ck / f"step-{step}.ckpt", weights_only=True)["global_step"] == step
+
+
+def test_with_async_checkpoint_io_a_failed_write_publishes_nothing_and_fit_raises_it(orbit):
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+    class FullDisk(TorchCheckpointIO):
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        _async_fit(orbit, FullDisk())
+    assert not [p.name for p in (orbit / "ck").iterdir() if not p.name.startswith(".")]
