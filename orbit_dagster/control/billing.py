@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from ..core.costs import attribute_instance
+from ..core.costs import Bought, attribute_instance
 from ..core.lifecycle import JobState
 from ..ledger import Ledger, as_datetime, utcnow
 from ..ledger import records as R
@@ -34,7 +34,7 @@ def instance_row(instance: InstanceHandle, purpose: str, job_id: str, run_id: st
     }
 
 
-def attempt_checkpoints(ledger: Ledger, run_id: str) -> list[tuple[datetime, str, datetime | None]]:
+def attempt_checkpoints(ledger: Ledger, run_id: str) -> list[Bought]:
     """(time durable, key, time training went on past it) of the checkpoints an attempt's run
     wrote: what its seconds bought (`core.costs.attribute_instance`)."""
     return [(as_datetime(r["created_at"]), r["checkpoint_key"], as_datetime(r["trained_at"])) for r in ledger.rows(
@@ -42,7 +42,7 @@ def attempt_checkpoints(ledger: Ledger, run_id: str) -> list[tuple[datetime, str
 
 
 def release(settings: Settings, ledger: Ledger, provider: Provider, instance: InstanceHandle, *, job_id: str,
-            run_id: str | None, attempt: int, checkpoints: list[tuple[datetime, str]], lost: bool,
+            run_id: str | None, attempt: int, checkpoints: list[Bought], lost: bool,
             last_progress: datetime | float | None, reason: str, purpose: str = "train",
             eval_checkpoint: str | None = None, suite: str | None = None,
             extra: dict[str, list[dict]] | None = None) -> float:
@@ -75,7 +75,7 @@ def release(settings: Settings, ledger: Ledger, provider: Provider, instance: In
 
 
 def carry_over(ledger: Ledger, instance: InstanceHandle, *, job_id: str, run_id: str, attempt: int, next_run: str,
-               checkpoints: list[tuple[datetime, str]], lost: bool, last_progress: datetime | float | None) -> float:
+               checkpoints: list[Bought], lost: bool, last_progress: datetime | float | None) -> float:
     """A node of a group that goes on into the next attempt (kept after another node's reclaim):
     its seconds up to now are billed to this attempt, as a release would bill them (its
     checkpoints, the work lost after the last one), and it becomes the next attempt's instance.

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+from ..core.costs import Bought
 from ..core.errors import NoCapacity
 from ..core.templates import TaskTemplate
 from ..ledger import Ledger, utcnow
@@ -35,7 +36,7 @@ from .group import GroupWatch, member_rows
 
 def recover_group(settings: Settings, ledger: Ledger, provider: Provider, handle: RunHandle, *,
                   template: TaskTemplate, job_id: str, attempt: int, watch: GroupWatch,
-                  checkpoints: list[tuple[datetime, str]], last_progress: datetime | None, reason: str) -> float:
+                  checkpoints: list[Bought], last_progress: datetime | None, reason: str) -> float:
     """Plan and carry out what follows a group's reclaim (the module's doc); the dollars billed
     to this attempt's nodes. A survivor whose ranks were still running when the group ended
     (`watch`: blocked in a collective for a peer that vanished) is released with the rest,
@@ -78,7 +79,7 @@ def group_inputs(template: TaskTemplate, watch: GroupWatch, *, size: int, provid
 
 def _carry_out(settings: Settings, ledger: Ledger, provider: Provider, members: tuple[RunHandle, ...],
                plan: GroupPlan, template: TaskTemplate, *, job_id: str, attempt: int,
-               checkpoints: list[tuple[datetime, str]],
+               checkpoints: list[Bought],
                last_progress: datetime | None) -> tuple[GroupPlan, list[InstanceHandle], float]:
     """Rent the replacements (first), then carry the survivors over; a plan that cannot be had
     falls back (shrink if elastic allows, else regroup), saying so (`policy.group_recovery.settle`)."""

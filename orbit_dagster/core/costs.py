@@ -17,6 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+# What an attempt's seconds bought: (time durable, key), or (time durable, key, time training
+# went on past its step; None when unknown).
+Bought = tuple[datetime, str] | tuple[datetime, str, datetime | None]
+
 
 @dataclass(frozen=True)
 class CostLine:
@@ -33,14 +37,14 @@ def attribute_instance(
     start: datetime,
     stop: datetime,
     usd_per_second: float,
-    checkpoints: list[tuple[datetime, str]] | list[tuple[datetime, str, datetime | None]],
+    checkpoints: list[Bought],
     lost: bool,
     purpose: str = "train",
     eval_checkpoint: str | None = None,
     last_progress: datetime | None = None,
 ) -> list[CostLine]:
-    """Split [start, stop] into cost lines; `checkpoints` are (time durable, key) or (time
-    durable, key, time training went on past its step: None when unknown)."""
+    """Split [start, stop] into cost lines; `checkpoints` as `Bought` (evaluations: (time of
+    the result, key))."""
     if purpose == "eval":
         return _eval_lines(start, stop, usd_per_second, checkpoints, eval_checkpoint)
     lines: list[CostLine] = []
