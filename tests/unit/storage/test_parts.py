@@ -1,6 +1,8 @@
 """Streaming, parallel checkpoint files (storage/parts.py, storage/fs.py): parts hashed as they
 are written, the manifest last, every part verified on read and named when it is wrong, and a
 writer killed mid-write leaves nothing that looks complete."""
+import errno
+import fcntl
 import hashlib
 import os
 import signal
@@ -145,15 +147,17 @@ def test_a_failing_part_aborts_the_file_and_the_error_reaches_the_writer(tmp_pat
     assert sink.aborted and sink.finished is None
 
 
-def test_a_failed_write_leaves_no_trace_in_the_store(tmp_path, monkeypatch):
+@pytest.mark.parametrize("direct", ["1", "0"])  # past the page cache (O_DIRECT), and through it
+def test_a_failed_write_leaves_no_trace_in_the_store(tmp_path, monkeypatch, direct):
     import orbit_dagster.storage.fs as F
 
+    monkeypatch.setenv("ORBIT_FS_DIRECT", direct)
     store = FsStore((tmp_path / "s").as_uri(), part_size=PART)
 
-    def fail(self, offset, data):
-        raise OSError("No space left on device")
+    def fail(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(F._FileSink, "write_at", fail)
+    monkeypatch.setattr(F.P, "pwrite_full", fail)
     with pytest.raises(OSError, match="No space"):
         store.put("j", "step-000000001-a1", {"state.pt": os.urandom(5 * PART)}, manifest())
     assert list(store.list("j")) == [] and list((tmp_path / "s" / "j").iterdir()) == []
@@ -205,15 +209,15 @@ KILLED_WRITER = textwrap.dedent("""
     from orbit_dagster.storage.base import CheckpointManifest
 
     root, marker = sys.argv[1], sys.argv[2]
-    real = F._FileSink.write_at
+    real = F.P.pwrite_full  # the write of every part, past the page cache or through it
 
-    def write_at(self, offset, data):
-        real(self, offset, data)
+    def pwrite_full(fd, data, offset):
+        real(fd, data, offset)
         if offset >= 3 << 16:  # parts 1-3 written: tell the test, then wait to be killed mid-file
             open(marker, "w").close()
             time.sleep(120)
 
-    F._FileSink.write_at = write_at
+    F.P.pwrite_full = pwrite_full
     store = F.FsStore(root, part_size=1 << 16)
     store.put("j", "step-000000001-a1", {"state.pt": os.urandom(40 << 16)},
               CheckpointManifest(job_id="j", step=1, tier="durable", files={}))
@@ -250,3 +254,58 @@ def test_a_writer_killed_mid_write_is_never_registered_and_leaves_no_complete_pa
 def test_part_size_is_checked():
     with pytest.raises(StoreError, match="part_size 12 is not a size in bytes; fix: at least 4096"):
         FsStore("/tmp/x", part_size=12)
+
+
+def _written(store: FsStore, data: bytes, chunk: int) -> tuple[dict, bytes]:
+    """`data` written in `chunk`-byte writes (as torch.save writes records and tensors); the
+    manifest entry and the bytes the store holds."""
+    with store.writer("j", "step-000000001-a1") as w:
+        with w.open("state.pt") as fh:
+            for i in range(0, len(data), chunk):
+                fh.write(memoryview(data)[i:i + chunk])
+        m = w.commit(manifest())
+    return m.files["state.pt"], (Path(w.final) / "state.pt").read_bytes()
+
+
+@pytest.mark.parametrize("chunk", [1000, 3 * PART + 7, 10 * PART])  # small writes, parts cut mid-write, whole parts
+def test_past_the_page_cache_a_file_is_the_same_bytes_with_the_same_part_digests(tmp_path, monkeypatch, chunk):
+    import orbit_dagster.storage.fs as F
+
+    monkeypatch.setenv("ORBIT_FS_DIRECT", "1")
+    sinks, real_sink = [], F.FsWriter._sink
+    monkeypatch.setattr(F.FsWriter, "_sink", lambda self, rel: sinks.append(real_sink(self, rel)) or sinks[-1])
+    data = os.urandom(9 * PART + 123)  # the last part shorter: through the page cache
+    entry, held = _written(FsStore((tmp_path / "s").as_uri(), part_size=PART), data, chunk)
+    assert held == data and entry == reference(data)
+    assert [(type(s), s.stream, s.direct) for s in sinks] == [(F._DirectFileSink, P.AlignedStream, True)]
+
+
+def test_where_the_file_system_refuses_o_direct_the_file_goes_through_the_page_cache(tmp_path, monkeypatch):
+    import orbit_dagster.storage.fs as F
+
+    monkeypatch.setenv("ORBIT_FS_DIRECT", "1")
+    real_open, real_pwrite = os.open, F.P.pwrite_full
+    data = os.urandom(6 * PART + 5)
+
+    def refuse_direct(path, flags, *mode):
+        if flags & F.DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *mode)
+
+    # Refused at the open: the usual stream, no part buffers.
+    monkeypatch.setattr(F.os, "open", refuse_direct)
+    assert _written(FsStore((tmp_path / "a").as_uri(), part_size=PART), data, 5000) == (reference(data), data)
+    monkeypatch.setattr(F.os, "open", real_open)
+    # Refused at a write (the open took the flag): that part and the rest through the page cache.
+    refused = []
+
+    def pwrite_full(fd, view, offset):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & F.DIRECT:
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real_pwrite(fd, view, offset)
+
+    monkeypatch.setattr(F.P, "pwrite_full", pwrite_full)
+    assert _written(FsStore((tmp_path / "b").as_uri(), part_size=PART), data, 5000) == (reference(data), data)
+    assert refused  # it was tried, and then not held against the file
+
