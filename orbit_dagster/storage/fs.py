@@ -1,9 +1,11 @@
 """Checkpoint store on a local (or mounted) filesystem. A checkpoint appears by rename.
 
 A writer streams each file into a temp directory (`<job>/.tmp-<name>-...`), its parts hashed
-and written at their offsets on the pool's threads, without a copy (storage/parts.py), the disk's write-back
-started every SYNC_EVERY bytes so the final fsync finds little left; then the manifest is
-written and fsynced, and the directory renamed into place: the commit point. Reads verify
+and written at their offsets on the pool's threads (storage/parts.py): whole parts with O_DIRECT
+from page-aligned buffers, past the page cache (`_DirectFileSink`; ORBIT_FS_DIRECT=0 turns it
+off), the rest through the page cache without a copy, the disk's write-back started every
+SYNC_EVERY bytes so the final fsync finds little left; then the manifest is written and
+fsynced, and the directory renamed into place: the commit point. Reads verify
 every part on several threads; `checkout` reads the checkpoint where it is, without a copy.
 """
 from __future__ import annotations
@@ -148,7 +150,9 @@ class FsWriter(P.WriterBase):
         self.tmp.mkdir(parents=True)
 
     def _sink(self, rel: str) -> _FileSink:
-        return _DirectFileSink(self.tmp / rel) if direct_writes() else _FileSink(self.tmp / rel)
+        # O_DIRECT writes whole pages: parts of another size (a store made with one) go through the page cache.
+        direct = direct_writes() and self.part_size % DIRECT_ALIGN == 0
+        return _DirectFileSink(self.tmp / rel) if direct else _FileSink(self.tmp / rel)
 
     def commit(self, manifest: CheckpointManifest) -> CheckpointManifest:
         self.ready()

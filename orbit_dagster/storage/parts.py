@@ -7,9 +7,12 @@ a thread of the pool while the caller goes on producing the next one; hashlib an
 release the GIL, so parts are hashed on all cores and overlap the I/O. Reading is the
 mirror image (storage/reading.py): parts read and verified on several threads.
 
-To a local file (`InPlaceStream`) nothing is copied: each write is cut at part boundaries
-and every piece hashed into its part's sha256 and written at its offset straight from the
-caller's memory, on the pool. To S3 a part must be whole before it goes: its bytes are
+To a local file written past the page cache (`AlignedStream`, O_DIRECT: storage/fs.py) every
+part is copied into a page-aligned buffer of its own, then hashed and written on the pool.
+To a local file through the page cache (`InPlaceStream`: where O_DIRECT is refused or turned
+off) nothing is copied: each write is cut at part boundaries and every piece hashed into its
+part's sha256 and written at its offset straight from the caller's memory, on the pool. To S3
+a part must be whole before it goes: its bytes are
 copied into one of the stream's reused part buffers (or, for a whole part inside one large
 write, taken straight from the caller's memory). torch passes a view of memory it owns only
 during the call, so a `write` waits for what reads its memory before it returns. At most

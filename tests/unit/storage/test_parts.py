@@ -278,6 +278,10 @@ def test_past_the_page_cache_a_file_is_the_same_bytes_with_the_same_part_digests
     entry, held = _written(FsStore((tmp_path / "s").as_uri(), part_size=PART), data, chunk)
     assert held == data and entry == reference(data)
     assert [(type(s), s.stream, s.direct) for s in sinks] == [(F._DirectFileSink, P.AlignedStream, True)]
+    # Parts that are not whole pages (a store made with such a part size) go through the page cache.
+    odd = PART + 1
+    entry, held = _written(FsStore((tmp_path / "odd").as_uri(), part_size=odd), data, chunk)
+    assert held == data and entry == reference(data, odd) and type(sinks[-1]) is F._FileSink
 
 
 def test_where_the_file_system_refuses_o_direct_the_file_goes_through_the_page_cache(tmp_path, monkeypatch):
