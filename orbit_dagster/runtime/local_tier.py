@@ -36,7 +36,7 @@ def local_store_for(store: CheckpointStore, workdir: Path) -> FsStore | None:
         return None
     directory = workdir / LOCAL_DIR
     directory.mkdir(parents=True, exist_ok=True)
-    return FsStore(directory.as_uri())
+    return FsStore(directory.as_uri(), direct=getattr(store, "direct", True))  # an fs store's ORBIT_FS_DIRECT too
 
 
 def _existing(path: Path) -> Path:

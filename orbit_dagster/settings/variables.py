@@ -42,6 +42,10 @@ VARIABLES: tuple[Variable, ...] = (
              "a directory of templates; one shadows a shipped template of its name"),
     Variable("ORBIT_CHECKPOINT_STORE", "`$ORBIT_HOME/checkpoints`", "the filesystem checkpoint store "
                                                                     "(`checkpoint.store: fs`), a `file://` URI"),
+    Variable("ORBIT_FS_DIRECT", "1", "1: the filesystem store writes a checkpoint's whole parts with `O_DIRECT`, "
+                                     "past the page cache (Linux; a file system that refuses it gets the page cache); "
+                                     "0: through the page cache, for a file system where `O_DIRECT` is slow. Read "
+                                     "where the store is opened: on a rented host, from its environment"),
     Variable("ORBIT_S3_CHECKPOINT_STORE", "", "the S3 checkpoint store (`checkpoint.store: s3`), `s3://BUCKET/PREFIX`"),
     Variable("ORBIT_S3_MULTIPART_THRESHOLD", "67108864 (64 MiB)", "a file of one part smaller than this goes as one "
                                                                   "PUT; any other by multipart upload"),

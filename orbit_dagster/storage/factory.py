@@ -9,16 +9,16 @@ from __future__ import annotations
 from typing import Mapping
 
 from .base import CheckpointStore
-from .fs import FsStore
+from .fs import FsStore, direct_setting
 from .s3 import S3Store
 
 
 def open_store(root_uri: str, *, env: Mapping[str, str] | None = None) -> CheckpointStore:
-    """The store rooted at `root_uri`; an S3 store is tuned by `env` (the settings' snapshot,
-    or the host's environment: see s3.py)."""
+    """The store rooted at `root_uri`, tuned by `env` (the settings' snapshot, or the host's
+    environment): an S3 store's parts (see s3.py), a filesystem store's O_DIRECT (see fs.py)."""
     if root_uri.startswith("s3://"):
         return S3Store(root_uri, env=env)
-    return FsStore(root_uri)
+    return FsStore(root_uri, direct=direct_setting(env))
 
 
 def store_of(uri: str) -> CheckpointStore:

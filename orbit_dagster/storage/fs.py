@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 from urllib.parse import unquote, urlparse
 
 from . import parts as P
@@ -99,8 +99,8 @@ class _FileSink:
 
 class _DirectFileSink(_FileSink):
     """A file whose whole parts are written with O_DIRECT, from the page-aligned buffers of an
-    `AlignedStream`: past the page cache, whose page allocation is most of a buffered write's
-    CPU on a virtual machine (docs/benchmarks.md). The last, shorter part and a file of one
+    `AlignedStream`: past the page cache, whose page allocation made a buffered write's time
+    and CPU swing on a virtual machine (bench/direct_write.py, docs/benchmarks.md). The last, shorter part and a file of one
     part go through the page cache (O_DIRECT writes whole blocks); `finish` fsyncs the file,
     which makes both durable. Where the file system refuses O_DIRECT (at the open, or a
     write: EINVAL), the file is written through the page cache as `_FileSink` writes it."""
@@ -134,10 +134,15 @@ class _DirectFileSink(_FileSink):
         super()._close()
 
 
-def direct_writes() -> bool:
-    """Whether the store writes checkpoints past the page cache: where the OS has O_DIRECT and
-    ORBIT_FS_DIRECT is not 0 (a file system where O_DIRECT is slow, or emulated)."""
-    return bool(DIRECT) and os.environ.get("ORBIT_FS_DIRECT", "1").strip() != "0"
+def direct_setting(env: Mapping[str, str] | None) -> bool:
+    """ORBIT_FS_DIRECT in `env` (the settings' snapshot, or the host's environment, as the S3
+    store's tuning): 1 (the default) writes past the page cache where the OS can, 0 through it
+    (a file system where O_DIRECT is slow, or emulated)."""
+    raw = (env or {}).get("ORBIT_FS_DIRECT", "1").strip()
+    if raw not in ("0", "1"):
+        raise StoreError(f"ORBIT_FS_DIRECT={raw!r} is neither 0 nor 1; fix: ORBIT_FS_DIRECT=1 (past the page "
+                         "cache, the default) or 0 (through it)")
+    return raw == "1"
 
 
 class FsWriter(P.WriterBase):
@@ -151,7 +156,7 @@ class FsWriter(P.WriterBase):
 
     def _sink(self, rel: str) -> _FileSink:
         # O_DIRECT writes whole pages: parts of another size (a store made with one) go through the page cache.
-        direct = direct_writes() and self.part_size % DIRECT_ALIGN == 0
+        direct = self.store.direct and bool(DIRECT) and self.part_size % DIRECT_ALIGN == 0
         return _DirectFileSink(self.tmp / rel) if direct else _FileSink(self.tmp / rel)
 
     def commit(self, manifest: CheckpointManifest) -> CheckpointManifest:
@@ -187,12 +192,13 @@ class FsWriter(P.WriterBase):
 
 
 class FsStore:
-    def __init__(self, root_uri: str, *, part_size: int = P.PART_SIZE):
+    def __init__(self, root_uri: str, *, part_size: int = P.PART_SIZE, direct: bool = True):
         self.root = _path_of(root_uri).expanduser().resolve()
         self.root_uri = self.root.as_uri()
         if isinstance(part_size, bool) or not isinstance(part_size, int) or part_size < 4096:
             raise StoreError(f"part_size {part_size!r} is not a size in bytes; fix: at least 4096, e.g. {P.PART_SIZE}")
         self.part_size = part_size
+        self.direct = direct  # whole parts past the page cache where the OS can (`_DirectFileSink`)
 
     def uri_for(self, job_id: str, name: str) -> str:
         return (self.root / check_name("job id", job_id) / check_name("checkpoint name", name)).as_uri()

@@ -299,10 +299,9 @@ class AlignedStream(PartStream):
     """A PartStream whose every part is copied into a page-aligned buffer of its own (anonymous
     memory maps, reused), whole parts too, so that the sink can write each with O_DIRECT,
     past the page cache (storage/fs.py `_DirectFileSink`). The copy is cheap next to what it
-    saves: a buffered write must allocate a page-cache page for every 4 KiB it writes, which
-    on a virtual machine that hands freed pages back to its host cost 0.3-3.9 CPU-s per
-    1.2 GB, against 0.2 CPU-s for the same file written direct, the copy included
-    (docs/benchmarks.md). The caller's memory is never kept: a write returns once its bytes
+    saves: a buffered write must allocate a page-cache page for every 4 KiB it writes, whose
+    cost on a virtual machine swings from one write to the next (bench/direct_write.py,
+    docs/benchmarks.md). The caller's memory is never kept: a write returns once its bytes
     are copied, the parts hashed and written on the pool meanwhile."""
 
     def _take_buffer(self) -> Any:

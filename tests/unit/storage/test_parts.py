@@ -147,12 +147,11 @@ def test_a_failing_part_aborts_the_file_and_the_error_reaches_the_writer(tmp_pat
     assert sink.aborted and sink.finished is None
 
 
-@pytest.mark.parametrize("direct", ["1", "0"])  # past the page cache (O_DIRECT), and through it
+@pytest.mark.parametrize("direct", [True, False])  # past the page cache (O_DIRECT), and through it
 def test_a_failed_write_leaves_no_trace_in_the_store(tmp_path, monkeypatch, direct):
     import orbit_dagster.storage.fs as F
 
-    monkeypatch.setenv("ORBIT_FS_DIRECT", direct)
-    store = FsStore((tmp_path / "s").as_uri(), part_size=PART)
+    store = FsStore((tmp_path / "s").as_uri(), part_size=PART, direct=direct)
 
     def fail(fd, data, offset):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -271,7 +270,6 @@ def _written(store: FsStore, data: bytes, chunk: int) -> tuple[dict, bytes]:
 def test_past_the_page_cache_a_file_is_the_same_bytes_with_the_same_part_digests(tmp_path, monkeypatch, chunk):
     import orbit_dagster.storage.fs as F
 
-    monkeypatch.setenv("ORBIT_FS_DIRECT", "1")
     sinks, real_sink = [], F.FsWriter._sink
     monkeypatch.setattr(F.FsWriter, "_sink", lambda self, rel: sinks.append(real_sink(self, rel)) or sinks[-1])
     data = os.urandom(9 * PART + 123)  # the last part shorter: through the page cache
@@ -287,7 +285,6 @@ def test_past_the_page_cache_a_file_is_the_same_bytes_with_the_same_part_digests
 def test_where_the_file_system_refuses_o_direct_the_file_goes_through_the_page_cache(tmp_path, monkeypatch):
     import orbit_dagster.storage.fs as F
 
-    monkeypatch.setenv("ORBIT_FS_DIRECT", "1")
     real_open, real_pwrite = os.open, F.P.pwrite_full
     data = os.urandom(6 * PART + 5)
 
@@ -313,3 +310,12 @@ def test_where_the_file_system_refuses_o_direct_the_file_goes_through_the_page_c
     assert _written(FsStore((tmp_path / "b").as_uri(), part_size=PART), data, 5000) == (reference(data), data)
     assert refused  # it was tried, and then not held against the file
 
+
+
+def test_orbit_fs_direct_opens_the_store_past_or_through_the_page_cache_and_refuses_anything_else():
+    from orbit_dagster.storage.factory import open_store
+
+    assert open_store("/tmp/x").direct and open_store("/tmp/x", env={"ORBIT_FS_DIRECT": "1"}).direct
+    assert not open_store("/tmp/x", env={"ORBIT_FS_DIRECT": "0"}).direct
+    with pytest.raises(StoreError, match="ORBIT_FS_DIRECT='yes' is neither 0 nor 1; fix: ORBIT_FS_DIRECT=1"):
+        open_store("/tmp/x", env={"ORBIT_FS_DIRECT": "yes"})
