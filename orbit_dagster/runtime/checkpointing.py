@@ -320,5 +320,14 @@ class Checkpointer:
         self._raise_writer_errors()
 
     def close(self) -> None:
-        self.flush()
-        self._queue.put(None)
+        """Wait for the queued writes, then for the writer thread's end. The join matters at
+        exit: the thread holds the last reference to this checkpointer (its bound `_drain`), so
+        a thread still ending would free the host copies' tensors while the interpreter
+        finalises, and torch's deallocator, made to exit the thread then, aborts the process
+        (SIGABRT, "terminate called without an active exception") after every save landed."""
+        try:
+            self.flush()
+        finally:
+            if self._writer.is_alive():  # a second close has nothing to end
+                self._queue.put(None)
+                self._writer.join()

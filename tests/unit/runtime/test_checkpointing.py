@@ -240,3 +240,32 @@ def test_memory_snapshots_respect_their_cost_budget(tmp_path, monkeypatch):
     monkeypatch.setattr(C, "MEMORY_BUDGET", 1e-9)  # now nothing is: the next one is skipped
     assert not ck.snapshot_memory(15, state, {}) and ck.memory[0] == 10
     ck.close()
+
+
+def test_close_ends_the_writer_thread_so_the_host_copies_are_freed_by_the_caller_not_at_exit(tmp_path):
+    """A writer thread still ending when the interpreter finalises frees the checkpointer's host
+    copies there, and torch's deallocator aborts the process (SIGABRT after every save landed,
+    seen in a host process under load). close() waits for the thread: what it held is freed
+    by the thread that drops the checkpointer."""
+    import weakref
+
+    ck, _ = checkpointer(tmp_path)
+    ck.save_durable_async(1, make_state(), {"train/loss": 1.0})
+    ck.close()
+    assert not ck._writer.is_alive()
+    freed_on = []
+    weakref.finalize(ck, lambda: freed_on.append(threading.current_thread().name))
+    del ck
+    assert freed_on == [threading.current_thread().name]
+
+
+def test_close_ends_the_writer_thread_after_a_failed_write_too_and_a_second_close_returns(tmp_path):
+    store = open_store((tmp_path / "store").as_uri())
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "j").write_text("a file where the job's directory goes")
+    ck, _ = checkpointer(tmp_path, store)
+    ck.save_durable_async(1, make_state(), {"train/loss": 1.0})
+    with pytest.raises(NotADirectoryError):
+        ck.close()
+    assert not ck._writer.is_alive()
+    ck.close()  # nothing queued, nothing raised again, nothing left waiting
