@@ -11,9 +11,13 @@ production code (runtime.checkpointing.Checkpointer, runtime.sdk.RunContext, the
   raw sha256 + write+fsync, the floor of the design before parts (hash everything, then
   write). The training thread's blocked seconds are reported per GB of state;
 - filesystem, load: our resume path (the store's checkout: every part verified on several
-  threads where the checkpoint lies, no copy; then torch.load with weights_only=True)
-  against a raw read of the same number of bytes; before each side, the file's pages are
-  dropped from the page cache (posix_fadvise DONTNEED after fsync), so both read from the disk;
+  threads where the checkpoint lies, no copy; then torch.load with weights_only=True and
+  mmap=True, runtime.encoding.read_state) against a raw read of the same number of bytes;
+  also the load followed by the copy a resume makes next (every tensor into the training's
+  own, as load_state_dict does), since a mapped load leaves that copy as the first touch of
+  its bytes; and, side by side, the same verify followed by torch.load without the mapping
+  (the path before it); before each side, the file's pages are dropped from the page cache
+  (posix_fadvise DONTNEED after fsync), so each reads from the disk;
 - S3 (a moto server in its own process on 127.0.0.1): our durable save to the S3 store (parts
   uploaded concurrently with their checksums) against a raw sequential multipart put of the
   same bytes with the same part size, and boto3's managed (threaded) upload; our load
@@ -56,7 +60,9 @@ import torch  # noqa: E402
 from recording import replace_section  # noqa: E402
 from sharded_io import measure as measure_sharded  # noqa: E402
 
-from orbit_dagster.runtime.checkpointing import Checkpointer  # noqa: E402
+from orbit_dagster.runtime import delta as D  # noqa: E402
+from orbit_dagster.runtime.checkpointing import STATE_FILE, Checkpointer  # noqa: E402
+from orbit_dagster.runtime.encoding import read_state  # noqa: E402
 from orbit_dagster.runtime.events import EventWriter  # noqa: E402
 from orbit_dagster.runtime.notices import NoticeWatcher  # noqa: E402
 from orbit_dagster.runtime.sdk import RunContext  # noqa: E402
@@ -170,7 +176,11 @@ class Ours:
         seconds = time.perf_counter() - t0
         return seconds, checkpoint_events(self.events_path)[-1]
 
-    def load(self, uri: str) -> float:
+    def load(self, uri: str, into: dict | None = None) -> tuple[float, float]:
+        """Seconds until the resume path returns the state, and until it is also copied into the
+        training's own tensors `into` (as load_state_dict does; the bench's state, whose shapes
+        it has): a local checkpoint is mapped, not read, by the load, so the second figure is
+        where its bytes are first touched."""
         if uri.startswith("file://"):
             drop_cache(Path(uri[len("file://"):]) / "state.pt")
         ctx = RunContext(job={"job_id": "bench", "template_snapshot": {}}, bundle_dir=self.work, workdir=self.work,
@@ -179,8 +189,24 @@ class Ours:
         t0 = time.perf_counter()
         state = ctx._load(uri, "resume")
         seconds = time.perf_counter() - t0
+        held = D.flatten(into) if into is not None else {}
+        for path, t in D.flatten(state).items():  # what a resume does next: load_state_dict's copy
+            if isinstance(t, torch.Tensor) and path in held:
+                held[path].copy_(t)
+        used = time.perf_counter() - t0
         del state
         ctx.close()
+        return seconds, used
+
+    def load_unmapped(self, uri: str) -> float:
+        """The same verify, then the file read into memory (runtime.encoding.read_state with
+        in_place=False: what a fetched copy gets, and what every load did before the mapping)."""
+        drop_cache(Path(uri[len("file://"):]) / STATE_FILE)
+        t0 = time.perf_counter()
+        _, directory = self.store.checkout(uri, self.work / "unmapped")
+        state = read_state(directory / STATE_FILE, in_place=False)
+        seconds = time.perf_counter() - t0
+        del state
         return seconds
 
     def delete(self, uri: str) -> None:
@@ -194,10 +220,18 @@ def measure_fs(state: dict, blob: bytes, root: Path, repeat: int) -> dict[str, l
     ours = Ours((root / "store").as_uri(), root / "work")
     ours.warm_up(state)
     raw_path = root / "raw.bin"
-    out: dict[str, list] = {k: [] for k in ("durable", "emergency", "load", "raw_durable", "raw_emergency",
+    out: dict[str, list] = {k: [] for k in ("durable", "emergency", "load", "load_used", "load_unmapped",
+                                            "raw_durable", "raw_emergency",
                                             "raw_write_sha", "raw_read", "raw_read_sha", "sha", "blocked", "write")}
+    read_path = root / "read.bin"
     for r in range(repeat):
         first_raw = r % 2 == 0
+        # The raw read's file is written before our checkpoint, so it is no younger than the
+        # one our load reads: on the machine of docs/benchmarks.md the first cold read of a
+        # file written moments before took up to 5x as long as later ones.
+        with open(read_path, "wb") as fh:
+            fh.write(blob)
+            os.fsync(fh.fileno())
         for kind in ("durable", "emergency"):
             if first_raw:
                 raw = raw_write(raw_path, blob)
@@ -213,18 +247,19 @@ def measure_fs(state: dict, blob: bytes, root: Path, repeat: int) -> dict[str, l
                 uri = ev["uri"]
             else:
                 ours.delete(ev["uri"])
-        with open(raw_path, "wb") as fh:
-            fh.write(blob)
         if first_raw:
-            out["raw_read"].append(raw_read(raw_path))
-        out["load"].append(ours.load(uri))
+            out["raw_read"].append(raw_read(read_path))
+        load, load_used = ours.load(uri, into=state)
+        out["load_unmapped"].append(ours.load_unmapped(uri))
+        out["load"].append(load)
+        out["load_used"].append(load_used)
         if not first_raw:
-            out["raw_read"].append(raw_read(raw_path))
-        out["raw_read_sha"].append(raw_read(raw_path, hash_after=True))
+            out["raw_read"].append(raw_read(read_path))
+        out["raw_read_sha"].append(raw_read(read_path, hash_after=True))
         t0 = time.perf_counter()
         hashlib.sha256(blob).hexdigest()
         out["sha"].append(time.perf_counter() - t0)
-        raw_path.unlink()
+        read_path.unlink()
         ours.delete(uri)
         gc.collect()
     ours.close()
@@ -303,7 +338,7 @@ def measure_s3(state: dict, blob: bytes, root: Path, repeat: int) -> dict[str, l
             t0 = time.perf_counter()
             s3.download_fileobj("bench", "raw", io.BytesIO(), Config=managed)
             out["raw_get_managed"].append(time.perf_counter() - t0)
-            out["load"].append(ours.load(ev["uri"]))
+            out["load"].append(ours.load(ev["uri"])[0])
             ours.delete(ev["uri"])
             s3.delete_objects(Bucket="bench", Delete={"Objects": [{"Key": "raw"}, {"Key": "raw-managed"}]})
             gc.collect()
@@ -350,8 +385,14 @@ def rows_for(label: str, nbytes: int, fs: dict, s3: dict | None, sharded: dict |
         line("fs save, emergency (full)", fs["emergency"], "write+fsync", fs["raw_emergency"]),
         line("fs save, durable", fs["durable"], "sha256 + write+fsync", fs["raw_write_sha"],
              "vs the floor of the design before parts: hash everything, then write", goal=False),
-        line("fs load (verify parts in place + torch.load)", fs["load"], "cold read", fs["raw_read"]),
-        line("fs load (verify parts in place + torch.load)", fs["load"], "cold read + sha256", fs["raw_read_sha"],
+        line("fs load (verify parts in place + torch.load, mapped)", fs["load"], "cold read", fs["raw_read"]),
+        line("fs load (verify parts in place + torch.load, mapped)", fs["load"], "the same, read into memory",
+             fs["load_unmapped"], "the mapping's own gain, side by side: the same verify, then torch.load "
+             "without mmap (a fetched copy's path; every load's before the mapping)", goal=False),
+        line("fs load, then copied into the training's tensors", fs["load_used"], "cold read", fs["raw_read"],
+             "the copy a resume makes next (load_state_dict); the load maps the file, so this is where its "
+             "pages are first touched", goal=False),
+        line("fs load (verify parts in place + torch.load, mapped)", fs["load"], "cold read + sha256", fs["raw_read_sha"],
              "vs the floor of one sequential sha256 of what is read", goal=False),
         line("sha256 of the bytes, in memory (no I/O)", fs["sha"], "write+fsync", fs["raw_durable"],
              "one sequential hash against the raw write: what parts on several threads get under", goal=False),

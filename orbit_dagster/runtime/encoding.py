@@ -88,6 +88,30 @@ def write_state(writer: Any, rel: str, payload: dict[str, Any], model_state: dic
     return out["weights"]
 
 
+def read_state(path: Any, *, in_place: bool) -> Any:
+    """torch.load a verified checkpoint file, `weights_only=True` (a checkpoint from a rented
+    host is data, never code), onto the CPU.
+
+    `in_place`: the file is a committed checkpoint of a local store, read where it lies (never
+    rewritten: the store refuses other bytes under its name). It is then mapped (mmap=True,
+    copy-on-write), not copied: its pages are in the page cache from the verify just before, so
+    the load neither reads the disk again nor faults in fresh memory for every tensor (on the
+    machine of docs/benchmarks.md that copy was about 40% of a 1 GB load). A tensor written to
+    later gets private copies of the pages it writes; the file never changes. What this costs:
+    a tensor kept for the process's life keeps the file's disk space held after the store
+    deletes it (the mapping holds the inode) until the tensor is dropped. A fetched copy (a
+    remote store's, deleted right after the load) is read into memory instead, so its space is
+    freed at once. A file saved in torch's legacy (non-zip) format cannot be mapped and is
+    read."""
+    if in_place:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):  # a corrupt file: its own error, not a second read
+                raise
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 # ---- host copies --------------------------------------------------------------------
 def has_cuda(state: Any) -> bool:
     return any(isinstance(v, torch.Tensor) and v.is_cuda for _, v in D.leaves(state))

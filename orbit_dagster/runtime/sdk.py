@@ -27,6 +27,7 @@ from . import device as devices
 from .checkpoint_schedule import CheckpointSchedule
 from .checkpointing import STATE_FILE, Checkpointer
 from .delta import DELTA_KEY, apply_delta, is_delta
+from .encoding import read_state
 from .events import EventWriter
 from .local_tier import local_store_for
 from .notices import NoticeWatcher
@@ -132,9 +133,8 @@ class RunContext:
             # both were rewritten. Never train on or evaluate such weights.
             raise CheckpointMismatch(f"checkpoint {uri} has digest {manifest.digest[:12]}, the ledger recorded "
                                      f"{self.expect_sha256[:12]}")
-        # weights_only=True: a checkpoint from a rented host is data, never code.
         try:
-            state = torch.load(directory / STATE_FILE, map_location="cpu", weights_only=True)
+            state = read_state(directory / STATE_FILE, in_place=Path(directory) != scratch)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)  # loaded: a fetched copy is no longer needed
         if is_delta(state):  # an emergency delta: its base first, then the changed leaves
