@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -88,6 +89,19 @@ def write_state(writer: Any, rel: str, payload: dict[str, Any], model_state: dic
     return out["weights"]
 
 
+def map_setting(env: Mapping[str, str] | None = None) -> bool:
+    """ORBIT_LOAD_MMAP in the host's environment: 1 (the default) maps a checkpoint read in
+    place, 0 reads it into memory. On a network file system a page of a mapped file that the
+    kernel dropped is read again when touched; if another machine deleted the file meanwhile
+    (retention on the control plane), that read fails and the process gets SIGBUS. 0 is the
+    setting for such a store when runs keep loaded tensors on the CPU."""
+    raw = (os.environ if env is None else env).get("ORBIT_LOAD_MMAP", "1").strip()
+    if raw not in ("0", "1"):
+        raise ValueError(f"ORBIT_LOAD_MMAP={raw!r} is neither 0 nor 1; fix: ORBIT_LOAD_MMAP=1 (map a checkpoint "
+                         "read in place, the default) or 0 (read it into memory)")
+    return raw == "1"
+
+
 def read_state(path: Any, *, in_place: bool) -> Any:
     """torch.load a verified checkpoint file, `weights_only=True` (a checkpoint from a rented
     host is data, never code), onto the CPU.
@@ -102,8 +116,8 @@ def read_state(path: Any, *, in_place: bool) -> Any:
     deletes it (the mapping holds the inode) until the tensor is dropped. A fetched copy (a
     remote store's, deleted right after the load) is read into memory instead, so its space is
     freed at once. A file saved in torch's legacy (non-zip) format cannot be mapped and is
-    read."""
-    if in_place:
+    read. ORBIT_LOAD_MMAP=0 reads it in any case (see `map_setting`)."""
+    if in_place and map_setting():
         try:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except RuntimeError as exc:

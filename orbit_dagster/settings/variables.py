@@ -46,6 +46,11 @@ VARIABLES: tuple[Variable, ...] = (
                                      "past the page cache (Linux; a file system that refuses it gets the page cache); "
                                      "0: through the page cache, for a file system where `O_DIRECT` is slow. Read "
                                      "where the store is opened: on a rented host, from its environment"),
+    Variable("ORBIT_LOAD_MMAP", "1", "1: a checkpoint read where it lies (a filesystem store) is verified, then "
+                                     "mapped (`torch.load(mmap=True)`, copy-on-write), not read again into new "
+                                     "memory; 0: read into memory, for a network file system where another machine "
+                                     "may delete a checkpoint that a run still has mapped. Read by the run, from "
+                                     "the host's environment"),
     Variable("ORBIT_S3_CHECKPOINT_STORE", "", "the S3 checkpoint store (`checkpoint.store: s3`), `s3://BUCKET/PREFIX`"),
     Variable("ORBIT_S3_MULTIPART_THRESHOLD", "67108864 (64 MiB)", "a file of one part smaller than this goes as one "
                                                                   "PUT; any other by multipart upload"),

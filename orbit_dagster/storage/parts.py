@@ -105,12 +105,7 @@ class PartStream:
         self._raise()
 
     def write(self, data: Any) -> int:
-        if self.closed:
-            raise ValueError("write to a closed checkpoint file")
-        self._raise()
-        view = memoryview(data)
-        if view.ndim != 1 or view.format != "B":
-            view = view.cast("B")
+        view = _bytes_to_write(self, data)
         n, pos, part = len(view), 0, self._part
         if self._buf is not None:  # top up the part being filled
             pos = min(n, part - self._fill)
@@ -244,12 +239,7 @@ class InPlaceStream(PartStream):
         self._hashers: dict[int, Any] = {}
 
     def write(self, data: Any) -> int:
-        if self.closed:
-            raise ValueError("write to a closed checkpoint file")
-        self._raise()
-        view = memoryview(data)
-        if view.ndim != 1 or view.format != "B":
-            view = view.cast("B")
+        view = _bytes_to_write(self, data)
         n, pos, off, part = len(view), 0, self._size, self._part
         pieces = []
         while pos < n:
@@ -309,12 +299,7 @@ class AlignedStream(PartStream):
             return self._free.pop() if self._free else mmap.mmap(-1, self._part)
 
     def write(self, data: Any) -> int:
-        if self.closed:
-            raise ValueError("write to a closed checkpoint file")
-        self._raise()
-        view = memoryview(data)
-        if view.ndim != 1 or view.format != "B":
-            view = view.cast("B")
+        view = _bytes_to_write(self, data)
         n, pos, part = len(view), 0, self._part
         while pos < n:
             if self._buf is None:
@@ -328,6 +313,16 @@ class AlignedStream(PartStream):
                 self._held, self._buf, self._fill = self._buf, None, 0
         self._size += n
         return n
+
+
+def _bytes_to_write(stream: Any, data: Any) -> memoryview:
+    """`data` as a flat byte view for a stream's write; refused once the stream is closed or a
+    part of it failed (the part's error, raised on the writer's thread)."""
+    if stream.closed:
+        raise ValueError("write to a closed checkpoint file")
+    stream._raise()
+    view = memoryview(data)
+    return view if view.ndim == 1 and view.format == "B" else view.cast("B")
 
 
 def pwrite_full(fd: int, data: memoryview, offset: int) -> None:

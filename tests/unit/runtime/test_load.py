@@ -4,9 +4,11 @@ fetched copy is read into memory, so deleting it frees its space; torch's legacy
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from orbit_dagster.runtime.checkpointing import STATE_FILE, Checkpointer
+from orbit_dagster.runtime.encoding import map_setting
 from orbit_dagster.runtime.events import EventWriter
 from orbit_dagster.runtime.notices import NoticeWatcher
 from orbit_dagster.runtime.sdk import RunContext
@@ -89,3 +91,18 @@ def test_a_checkpoint_in_torchs_legacy_format_cannot_be_mapped_and_is_read(tmp_p
         w.commit(CheckpointManifest(job_id="j", step=5, tier="durable", files={}, format="torch"))
     got = resume(tmp_path, store, w.uri)
     assert torch.equal(got["model"]["w"], state()["model"]["w"]) and mapped_file(got["model"]["w"]) is None
+
+
+def test_orbit_load_mmap_0_reads_a_local_checkpoint_into_memory(tmp_path, monkeypatch):
+    store = FsStore((tmp_path / "store").as_uri())
+    uri = saved(tmp_path, store)
+    monkeypatch.setenv("ORBIT_LOAD_MMAP", "0")  # a network file system: never map
+    got = resume(tmp_path, store, uri)
+    assert torch.equal(got["optim"]["m"], state()["optim"]["m"]) and mapped_file(got["optim"]["m"]) is None
+
+
+@pytest.mark.parametrize("raw", ["yes", "2", "", "1\x00"])
+def test_a_bad_orbit_load_mmap_is_refused_naming_the_variable_and_the_fix(raw):
+    with pytest.raises(ValueError, match=r"ORBIT_LOAD_MMAP=.* is neither 0 nor 1; fix: ORBIT_LOAD_MMAP=1"):
+        map_setting({"ORBIT_LOAD_MMAP": raw})
+    assert map_setting({}) is True and map_setting({"ORBIT_LOAD_MMAP": " 0 "}) is False
