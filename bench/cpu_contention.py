@@ -26,12 +26,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import platform
 import statistics
 import sys
 import threading
 import time
-from datetime import date
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +37,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import torch  # noqa: E402
-from recording import recorded_command, replace_section  # noqa: E402
+from recording import measured_on, recorded_command, replace_section  # noqa: E402
 
 from orbit_dagster.storage.parts import PART_SIZE, threads  # noqa: E402
 
@@ -138,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.record:
         section = (f"\n## Background hashing against a CPU-bound training, by priority (bench/cpu_contention.py)\n\n"
-                   f"Measured {date.today().isoformat()} on {platform.machine()} ({os.cpu_count()} cores, load average "
-                   f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end), torch {torch.__version__}, "
+                   f"{measured_on(load)}, torch {torch.__version__}, "
                    f"{args.threads} training threads, {args.hashers} hashing threads, {args.repeat} pairs of "
                    f"{args.seconds:.0f} s windows per row, in {time.time() - began:.0f} s. Command: "
                    f"`{recorded_command('cpu_contention', sys.argv[1:] if argv is None else argv)}`.\n\n{table}\n")

@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from recording import recorded_command, replace_section  # noqa: E402
+from recording import measured_on, recorded_command, replace_section  # noqa: E402
 
 from orbit_dagster.storage.base import CheckpointManifest  # noqa: E402
 from orbit_dagster.storage.fs import FsStore  # noqa: E402
@@ -87,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.record:
         section = (f"\n## One checkpoint file past the page cache and through it (bench/direct_write.py)\n\n"
-                   f"Measured {date.today().isoformat()} on {platform.machine()} ({os.cpu_count()} cores, load average "
-                   f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end), {args.gb:g} GB through the "
+                   f"{measured_on(load)}, {args.gb:g} GB through the "
                    f"filesystem store's writer (hashing included), {args.repeat} repeats after a warm-up, in "
                    f"{time.time() - began:.0f} s. Command: "
                    f"`{recorded_command('direct_write', sys.argv[1:] if argv is None else argv)}`.\n\n{table}")

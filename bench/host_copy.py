@@ -21,17 +21,14 @@ between saves costs on this host, which the step-overhead record needs to be rea
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
-from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from recording import recorded_command, replace_section  # noqa: E402
+from recording import measured_on, recorded_command, replace_section  # noqa: E402
 
 BEGIN, END = "<!-- host-copy:begin -->", "<!-- host-copy:end -->"
 TENSOR_FLOATS = 2_359_296  # 768 x 3072: one of the 100M model's MLP matrices
@@ -84,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                        f"{r['held'] / r['floor']:.1f} | {r['fresh'] / r['floor']:.1f} |" for r in rows)
     print(table)
     if args.record:
-        section = (f"\n## A host copy by the idle time before it (bench/host_copy.py)\n\nMeasured {date.today().isoformat()} "
-                   f"on {platform.machine()} ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end), "
+        section = (f"\n## A host copy by the idle time before it (bench/host_copy.py)\n\n{measured_on()}, "
                    f"torch {torch.__version__}, {rows[0]['bytes'] / 1e9:.2f} GB in 9.4 MB float32 tensors, "
                    f"{args.threads} threads, in {time.time() - began:.0f} s. Command: "
                    f"`{recorded_command('host_copy', sys.argv[1:] if argv is None else argv)}`.\n\n{table}\n")

@@ -30,3 +30,14 @@ def recorded_command(script: str, argv: list[str]) -> str:
             arg = f"--record {RECORDED_IN}"
         out.append(arg)
     return " ".join([f"python bench/{script}.py", *out])
+
+
+def measured_on(load_at_start: float | None = None) -> str:
+    """The opening of a recorded section: when, on what, and how loaded the machine was."""
+    import os
+    import platform
+    from datetime import date
+
+    start = "" if load_at_start is None else f"{load_at_start:.1f} at the start, "
+    return (f"Measured {date.today().isoformat()} on {platform.machine()} ({os.cpu_count()} cores, load average "
+            f"{start}{os.getloadavg()[0]:.1f} at the end)")
