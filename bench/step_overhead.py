@@ -5,7 +5,9 @@
 
 The example workload (workloads/charlm/train.py, unchanged) runs through a real RunContext
 with a filesystem checkpoint store and the template's tiers: a memory snapshot every 5
-steps (within its cost budget) and a durable checkpoint every 40 steps (`--every`; a comma
+steps (within its cost budget, and only once a gap between step boundaries has reached half
+the notice grace: `--notice-grace 0` takes them whatever the steps' length, as before that
+rule) and a durable checkpoint every 40 steps (`--every`; a comma
 list measures each interval in turn, e.g. `--every-100m 20,<the interval the orbit policy
 chose in the replay test>`). The durable save is the production path: the training thread
 stages the state, a background thread streams torch.save into the store's writer, whose
@@ -59,8 +61,8 @@ from recording import replace_section  # noqa: E402
 from orbit_dagster.core.templates import load_template  # noqa: E402
 from orbit_dagster.runtime import device as devices  # noqa: E402
 from orbit_dagster.runtime.events import EventWriter  # noqa: E402
-from orbit_dagster.runtime.notices import NoticeWatcher  # noqa: E402
-from orbit_dagster.runtime.sdk import RunContext  # noqa: E402
+from orbit_dagster.runtime.notices import NOTICE_GRACE_S, NoticeWatcher  # noqa: E402
+from orbit_dagster.runtime.sdk import MEMORY_GAP_SHARE, RunContext  # noqa: E402
 from orbit_dagster.storage import open_store  # noqa: E402
 
 WORKLOAD = REPO / "orbit_dagster" / "workloads" / "charlm"
@@ -146,7 +148,8 @@ def one_run(train, cfg: dict, root: Path, *, policy: bool, threads: int, every: 
     return per_step, ckpts
 
 
-def blocked_run(train, cfg: dict, root: Path, *, threads: int, every: int, memory_every: int, pairs: int) -> dict:
+def blocked_run(train, cfg: dict, root: Path, *, threads: int, every: int, memory_every: int, pairs: int,
+                notice_grace: float = NOTICE_GRACE_S) -> dict:
     """One run of 2 x `pairs` blocks; block b spans steps (b*E - E/2, b*E + E/2]."""
     half = every // 2
     n_blocks = 2 * pairs
@@ -167,7 +170,8 @@ def blocked_run(train, cfg: dict, root: Path, *, threads: int, every: int, memor
     ctx = TimedContext(job=job, bundle_dir=run_dir, workdir=run_dir, attempt=1,
                        events=EventWriter(run_dir / "events.jsonl"), store=open_store((run_dir / "store").as_uri()),
                        watcher=NoticeWatcher(None), checkpoint_every=every, memory_every=memory_every,
-                       metrics_every=10, last=last, blocks=is_on, block_end=lambda s: (s + half) % every == 0)
+                       metrics_every=10, last=last, blocks=is_on, block_end=lambda s: (s + half) % every == 0,
+                       notice_grace=notice_grace)
     try:
         train.main(ctx)
     except _Stop:
@@ -183,16 +187,18 @@ def blocked_run(train, cfg: dict, root: Path, *, threads: int, every: int, memor
 
     ckpts = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if '"checkpoint"' in x]
     shutil.rmtree(run_dir, ignore_errors=True)
-    return {"wall": pairs_of(ctx.times), "cpu": pairs_of(ctx.cpu), "checkpoints": ckpts}
+    ck, on_blocks = ctx._ck, sum(on)
+    return {"wall": pairs_of(ctx.times), "cpu": pairs_of(ctx.cpu), "checkpoints": ckpts,
+            "memory": (ck.memory_copies / on_blocks, ck.memory_seconds / on_blocks)}
 
 
 def measure(name: str, args, train, root: Path, every: int) -> dict:
     cfg = {**load_template("charlm-finetune").config, **MODELS[name]}
     pairs = args.pairs_100m if name == "100M" else args.pairs
     res = blocked_run(train, cfg, root, threads=args.threads, every=every, memory_every=args.memory_every,
-                      pairs=pairs + 1)
+                      pairs=pairs + 1, notice_grace=args.notice_grace)
     ckpts = res["checkpoints"]
-    return {"wall": res["wall"], "cpu": res["cpu"], "every": every,
+    return {"wall": res["wall"], "cpu": res["cpu"], "every": every, "memory": res["memory"],
             "blocked": [c["blocked_seconds"] for c in ckpts[1:]], "bytes": ckpts[-1]["bytes"] if ckpts else None}
 
 
@@ -237,24 +243,27 @@ def row(name: str, m: dict) -> str:
 
     return (f"| {name} | {size} | {m['every']} | {len(m['wall'])} | {statistics.median([p[1] for p in m['wall']]):.4f} | "
             f"{pct(wall)} | {wall['verdict']} | {pct(cpu)} | {cpu['verdict']} | {lost:.3f} | {cpu_lost:.3f} | "
-            f"{'-' if blocked is None else f'{blocked:.3f}'} | {per_gb} |")
+            f"{'-' if blocked is None else f'{blocked:.3f}'} | {per_gb} | {m['memory'][0]:.1f} ({m['memory'][1]:.2f} s) |")
 
 
 HEADER = ("| model | checkpoint | durable every (steps) | pairs | off s/step (wall) | wall overhead median "
           "(interquartile) | <= 2% | CPU-time overhead median (interquartile) | <= 2% | wall s lost per interval | "
-          "CPU s spent per interval | blocked s per durable save | blocked s per GB |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "CPU s spent per interval | blocked s per durable save | blocked s per GB | memory snapshots per on block "
+          "(their seconds) |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
-def record(path: Path, rows: list[str], command: str, seconds: float, name: str = SECTION) -> None:
+def record(path: Path, rows: list[str], command: str, seconds: float, name: str = SECTION, *,
+           memory_every: int = 5, notice_grace: float = NOTICE_GRACE_S) -> None:
     plan = devices.plan()
     title = "bench/step_overhead.py" + ("" if name == SECTION else f", section {name}")
     section = (f"\n## Checkpoint step-time overhead ({title})\n\nMeasured {date.today().isoformat()} "
                f"on {platform.machine()} ({os.cpu_count()} cores, shared with other work: load average "
                f"{LOAD_AT_START:.1f} at the start, {os.getloadavg()[0]:.1f} at the end), device {plan.device} "
                f"({plan.name}, {plan.precision}), torch {torch.__version__}, "
-               f"in {seconds:.0f} s. Command: `{command}`. Memory snapshot every 5 steps (within its 1% cost "
-               "budget). \"yes (bound)\": the interquartile range crosses zero, and its top is within the goal. "
+               f"in {seconds:.0f} s. Command: `{command}`. Memory snapshots: every {memory_every} steps, within "
+               f"their 1% cost budget, once a gap between step boundaries has reached {MEMORY_GAP_SHARE:g} of the "
+               f"{notice_grace:g} s notice grace (runtime/sdk.py). \"yes (bound)\": the interquartile range crosses zero, and its top is within the goal. "
                "\"s lost per interval\": wall seconds one on block lost against its off partner (\"CPU s\": CPU "
                "seconds it spent more); the overhead at another durable interval is about this / that interval's "
                "length in seconds.\n\n"
@@ -271,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", default="40", help="durable checkpoint interval(s), steps, comma-separated (template: 40)")
     ap.add_argument("--every-100m", default="40", help="the same for the 100M model, e.g. 20,N")
     ap.add_argument("--memory-every", type=int, default=5)
+    ap.add_argument("--notice-grace", type=float, default=NOTICE_GRACE_S,
+                    help="the agent's --notice-grace; 0 takes memory snapshots whatever the steps' length")
     ap.add_argument("--record", type=Path, default=None)
     ap.add_argument("--section", default=SECTION, choices=sorted(SECTIONS), help="the section of --record to write")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # MODEL:EVERY, one measurement (measure_apart)
@@ -290,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         argv_txt = " ".join(sys.argv[1:]).replace(str(args.record), "docs/benchmarks.md")
         record(args.record, rows, f"python bench/step_overhead.py {argv_txt}".strip(), time.time() - t0,
-               args.section)
+               args.section, memory_every=args.memory_every, notice_grace=args.notice_grace)
     return 0
 
 

@@ -36,7 +36,7 @@ from .exits import (  # re-exported: the agent's exit codes are its interface
     is_out_of_memory,
 )
 from .group import NodeGroup
-from .notices import NoticeWatcher
+from .notices import NOTICE_GRACE_S, NoticeWatcher
 
 
 def _sha256(path: Path) -> str:
@@ -139,7 +139,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(runtime/checkpoint_schedule.py; dispatch writes it)")
     p.add_argument("--metadata-url", default=os.environ.get("ORBIT_METADATA_URL"))
     p.add_argument("--notice-poll", type=float, default=1.0)
-    p.add_argument("--notice-grace", type=float, default=5.0, help="seconds to wait for a step boundary after a notice")
+    p.add_argument("--notice-grace", type=float, default=NOTICE_GRACE_S, help="seconds to wait for a step boundary after a notice")
     p.add_argument("--stop-after-step", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--probe", action="store_true", help="measure effective TFLOPS before the workload")
     g = p.add_argument_group("one node of a group (runtime/group.py)")
@@ -218,12 +218,13 @@ def run(args: argparse.Namespace) -> int:
             expect_sha256=args.expect_sha256,
             stop_after_step=args.stop_after_step,
             interval_plan=args.interval_plan,
+            notice_grace=args.notice_grace,
         )
         if watcher.pending:  # reclaimed before any work: nothing to save
             from .sdk import Preempted  # lazy: sdk imports torch (3 s)
 
             raise Preempted("reclaim notice before the workload started")
-        watcher.on_notice = lambda notice: (events.emit(Notice(**notice)), ctx.on_notice_timeout(args.notice_grace))
+        watcher.on_notice = lambda notice: (events.emit(Notice(**notice)), ctx.on_notice_timeout())
         _on_rebalance(watcher, events, ck, ctx.request_durable, "checkpoint")
         entry = template["entrypoint"] if args.task == "train" else (template.get("eval") or {}).get("entrypoint", "eval.py")
         module = load_entrypoint(bundle, entry)

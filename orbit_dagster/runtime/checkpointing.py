@@ -2,7 +2,8 @@
 
 1. memory: a host copy of the state every few steps, never more often than its cost
    allows (MEMORY_BUDGET); lets an emergency save proceed even when a training step is
-   long and the notice lands mid-step;
+   long and the notice lands mid-step (RunContext takes them only where steps are that
+   long: runtime/sdk.py, MEMORY_GAP_SHARE);
 2. durable: every N steps to the checkpoint store. The training thread only copies the
    state to host memory (buffers reused between saves, pinned when the state is on a
    GPU) and goes on; a background thread serialises it straight into the store, whose
@@ -83,6 +84,7 @@ class Checkpointer:
         self._memory_lock = threading.Lock()
         self._memory_cost: float | None = None  # seconds the last memory snapshot took
         self._memory_at = 0.0
+        self.memory_copies, self.memory_seconds = 0, 0.0  # taken so far, and the training thread's time in them
         self.save_seconds: list[float] = []
         self.times = SaveTimes()  # this host's measured save throughput: what sizes an emergency save
         self._queue: queue.Queue = queue.Queue(maxsize=1)
@@ -112,6 +114,8 @@ class Checkpointer:
             self.memory = (step, stage(state, spare), dict(metrics))
         self._memory_at = time.perf_counter()
         self._memory_cost = self._memory_at - began
+        self.memory_copies += 1
+        self.memory_seconds += self._memory_cost
         return True
 
     # ---- tier 2 -------------------------------------------------------------------

@@ -26,6 +26,9 @@ INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
 REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
 TOKEN_PATH = "/latest/api/token"
 TOKEN_TTL_S = 21600
+# How long the SDK waits for a step boundary after a notice before it writes the in-memory
+# snapshot instead (the agent's --notice-grace).
+NOTICE_GRACE_S = 5.0
 
 
 def parse_notice_time(text: str) -> float | None:

@@ -30,10 +30,14 @@ from .delta import DELTA_KEY, apply_delta, is_delta
 from .encoding import read_state
 from .events import EventWriter
 from .local_tier import local_store_for
-from .notices import NoticeWatcher
+from .notices import NOTICE_GRACE_S, NoticeWatcher
 
 StateFn = Callable[[], dict[str, Any]]
 PROGRESS_EVERY_S = 1.0
+# A memory snapshot is taken only once a gap between two step boundaries has lasted this share
+# of the notice grace: with shorter gaps the next boundary always comes within the grace, the
+# emergency save is written from the live state there, and a snapshot would only cost time.
+MEMORY_GAP_SHARE = 0.5
 
 
 class Preempted(Exception):
@@ -67,6 +71,7 @@ class RunContext:
         expect_sha256: str | None = None,
         stop_after_step: int | None = None,
         interval_plan: dict | None = None,
+        notice_grace: float = NOTICE_GRACE_S,
     ):
         self.job = job
         self.job_id: str = job["job_id"]
@@ -83,6 +88,14 @@ class RunContext:
         # Which steps save durably; the interval is re-decided after each save (checkpoint_schedule.py).
         self.schedule = CheckpointSchedule(checkpoint_every, interval_plan)
         self.memory_every = max(1, int(memory_every))
+        self.notice_grace = float(notice_grace)
+        if not math.isfinite(self.notice_grace) or self.notice_grace < 0:
+            raise ValueError(f"notice_grace must be a finite number of seconds >= 0, got {notice_grace!r}: "
+                             f"pass --notice-grace SECONDS (default {NOTICE_GRACE_S})")
+        # The longest time between two step_done calls so far: whether a notice could wait
+        # longer than the grace for a step boundary, and so whether memory snapshots pay.
+        self.longest_gap = 0.0
+        self._boundary_at: float | None = None
         self.metrics_every = max(1, int(metrics_every))
         self.resume_from = resume_from
         self.eval_checkpoint = eval_checkpoint
@@ -178,6 +191,10 @@ class RunContext:
             self.log_metrics(step, metrics)
         with self._step_lock:
             self.last_step = step
+            now = time.perf_counter()
+            if self._boundary_at is not None:
+                self.longest_gap = max(self.longest_gap, now - self._boundary_at)
+            self._boundary_at = now
             # Every few steps, and at least once a second: the control plane's view of
             # progress (and so the wasted-time figure after a loss) is never older than that.
             if step % self.metrics_every == 0 or final or time.time() - self._last_flush >= PROGRESS_EVERY_S:
@@ -198,7 +215,7 @@ class RunContext:
                 decided = None if final else self.schedule.after_save(step)
                 if decided is not None:
                     self.events.emit(decided)
-            elif step % self.memory_every == 0:
+            elif step % self.memory_every == 0 and self.longest_gap >= MEMORY_GAP_SHARE * self.notice_grace:
                 ck.snapshot_memory(step, state_fn(), self._last_metrics)
         if self.stop_after_step is not None and step >= self.stop_after_step:
             # Test hook: a crash after this step, without the run's final checkpoint. Saves
@@ -213,8 +230,10 @@ class RunContext:
         agent asks on a rebalance recommendation); the schedule is re-decided after it as after any."""
         self._durable_asked.set()
 
-    def on_notice_timeout(self, grace_s: float) -> None:
-        """If no step boundary comes soon after a notice, save the in-memory snapshot."""
+    def on_notice_timeout(self, grace_s: float | None = None) -> None:
+        """If no step boundary comes within `grace_s` (the context's notice grace) after a
+        notice, save the in-memory snapshot."""
+        grace_s = self.notice_grace if grace_s is None else grace_s
 
         def fallback() -> None:
             if self._emergency_done.wait(grace_s) or self.checkpointer is None:
