@@ -103,6 +103,9 @@ class TimedContext(RunContext):
         super().step_done(step, state_fn, metrics, final=final)
         if self.blocks is not None and self.checkpointer is not None and self.block_end(step):
             self.checkpointer.flush()  # the on block pays for its whole write
+            # That wait is the bench's, not the workload's (a run overlaps the write with its
+            # next steps): not a step gap that would turn the memory tier on (runtime/sdk.py).
+            self._returned_at = time.perf_counter()
         self.times[step] = time.perf_counter()
         self.cpu[step] = time.process_time()  # all threads of this process: the writer's work too
         if step >= self.last:
@@ -149,7 +152,7 @@ def one_run(train, cfg: dict, root: Path, *, policy: bool, threads: int, every: 
 
 
 def blocked_run(train, cfg: dict, root: Path, *, threads: int, every: int, memory_every: int, pairs: int,
-                notice_grace: float = NOTICE_GRACE_S) -> dict:
+                notice_grace: float = NOTICE_GRACE_S, steps_out: Path | None = None) -> dict:
     """One run of 2 x `pairs` blocks; block b spans steps (b*E - E/2, b*E + E/2]."""
     half = every // 2
     n_blocks = 2 * pairs
@@ -188,6 +191,9 @@ def blocked_run(train, cfg: dict, root: Path, *, threads: int, every: int, memor
     ckpts = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if '"checkpoint"' in x]
     shutil.rmtree(run_dir, ignore_errors=True)
     ck, on_blocks = ctx._ck, sum(on)
+    if steps_out is not None:  # every step's clocks, to see where in a block the time went
+        steps_out.write_text(json.dumps({"every": every, "ends": ends, "on": on, "wall": ctx.times, "cpu": ctx.cpu,
+                                         "checkpoints": ckpts}))
     return {"wall": pairs_of(ctx.times), "cpu": pairs_of(ctx.cpu), "checkpoints": ckpts,
             "memory": (ck.memory_copies / on_blocks, ck.memory_seconds / on_blocks)}
 
@@ -196,7 +202,8 @@ def measure(name: str, args, train, root: Path, every: int) -> dict:
     cfg = {**load_template("charlm-finetune").config, **MODELS[name]}
     pairs = args.pairs_100m if name == "100M" else args.pairs
     res = blocked_run(train, cfg, root, threads=args.threads, every=every, memory_every=args.memory_every,
-                      pairs=pairs + 1, notice_grace=args.notice_grace)
+                      pairs=pairs + 1, notice_grace=args.notice_grace,
+                      steps_out=args.steps_out and args.steps_out.with_suffix(f".{name}-{every}.json"))
     ckpts = res["checkpoints"]
     return {"wall": res["wall"], "cpu": res["cpu"], "every": every, "memory": res["memory"],
             "blocked": [c["blocked_seconds"] for c in ckpts[1:]], "bytes": ckpts[-1]["bytes"] if ckpts else None}
@@ -283,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--notice-grace", type=float, default=NOTICE_GRACE_S,
                     help="the agent's --notice-grace; 0 takes memory snapshots whatever the steps' length")
     ap.add_argument("--record", type=Path, default=None)
+    ap.add_argument("--steps-out", type=Path, default=None,
+                    help="also write every step's wall and CPU clock, per (model, interval), to FILE.MODEL-EVERY.json")
     ap.add_argument("--section", default=SECTION, choices=sorted(SECTIONS), help="the section of --record to write")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # MODEL:EVERY, one measurement (measure_apart)
     args = ap.parse_args(argv)

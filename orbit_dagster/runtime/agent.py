@@ -11,6 +11,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import platform
 import sys
@@ -108,6 +109,16 @@ def classify_exception(exc: BaseException) -> tuple[int, str]:
     return EXIT_USER_ERROR, text
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a finite number of seconds >= 0 is needed")
+    return value
+
+
 def _json_object(text: str) -> dict:
     try:
         value = json.loads(text)
@@ -139,7 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(runtime/checkpoint_schedule.py; dispatch writes it)")
     p.add_argument("--metadata-url", default=os.environ.get("ORBIT_METADATA_URL"))
     p.add_argument("--notice-poll", type=float, default=1.0)
-    p.add_argument("--notice-grace", type=float, default=NOTICE_GRACE_S, help="seconds to wait for a step boundary after a notice")
+    p.add_argument("--notice-grace", type=_seconds, default=NOTICE_GRACE_S, help="seconds to wait for a step boundary after a notice")
     p.add_argument("--stop-after-step", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--probe", action="store_true", help="measure effective TFLOPS before the workload")
     g = p.add_argument_group("one node of a group (runtime/group.py)")

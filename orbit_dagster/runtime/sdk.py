@@ -92,10 +92,13 @@ class RunContext:
         if not math.isfinite(self.notice_grace) or self.notice_grace < 0:
             raise ValueError(f"notice_grace must be a finite number of seconds >= 0, got {notice_grace!r}: "
                              f"pass --notice-grace SECONDS (default {NOTICE_GRACE_S})")
-        # The longest time between two step_done calls so far: whether a notice could wait
-        # longer than the grace for a step boundary, and so whether memory snapshots pay.
+        # The longest time the workload spent between two step_done calls so far (its own
+        # step: data, forward, backward, optimiser, an evaluation between steps): whether a
+        # notice could wait longer than the grace for a step boundary, and so whether memory
+        # snapshots pay. Time inside step_done is ours and not counted: the staging copy of a
+        # save, bounded by the state's size (a first save into new memory included).
         self.longest_gap = 0.0
-        self._boundary_at: float | None = None
+        self._returned_at: float | None = None
         self.metrics_every = max(1, int(metrics_every))
         self.resume_from = resume_from
         self.eval_checkpoint = eval_checkpoint
@@ -186,15 +189,19 @@ class RunContext:
 
     def step_done(self, step: int, state_fn: StateFn, metrics: dict[str, float] | None = None, *, final: bool = False) -> None:
         """Call after each optimiser step; `step` counts completed steps (an integer: numpy's too)."""
-        step = operator.index(step)  # the host contract's steps are integers: a float step fails here, named
+        if self._returned_at is not None:
+            self.longest_gap = max(self.longest_gap, time.perf_counter() - self._returned_at)
+        try:
+            # The host contract's steps are integers (numpy's too): a float step fails here, named.
+            self._step_done(operator.index(step), state_fn, metrics, final=final)
+        finally:
+            self._returned_at = time.perf_counter()
+
+    def _step_done(self, step: int, state_fn: StateFn, metrics: dict[str, float] | None, *, final: bool) -> None:
         if metrics:
             self.log_metrics(step, metrics)
         with self._step_lock:
             self.last_step = step
-            now = time.perf_counter()
-            if self._boundary_at is not None:
-                self.longest_gap = max(self.longest_gap, now - self._boundary_at)
-            self._boundary_at = now
             # Every few steps, and at least once a second: the control plane's view of
             # progress (and so the wasted-time figure after a loss) is never older than that.
             if step % self.metrics_every == 0 or final or time.time() - self._last_flush >= PROGRESS_EVERY_S:

@@ -15,10 +15,10 @@ from orbit_dagster.runtime.sdk import MEMORY_GAP_SHARE, RunContext
 from orbit_dagster.storage.fs import FsStore
 
 
-def context(tmp_path, grace: float) -> RunContext:
+def context(tmp_path, grace: float, every: int = 10_000) -> RunContext:
     return RunContext(job={"job_id": "j", "template_snapshot": {}}, bundle_dir=tmp_path, workdir=tmp_path / "w",
                       attempt=1, events=EventWriter(tmp_path / "events.jsonl"), store=FsStore((tmp_path / "store").as_uri()),
-                      watcher=NoticeWatcher(None), checkpoint_every=10_000, memory_every=1, notice_grace=grace)
+                      watcher=NoticeWatcher(None), checkpoint_every=every, memory_every=1, notice_grace=grace)
 
 
 def state(step: int) -> dict:
@@ -45,6 +45,23 @@ def test_once_a_gap_reaches_half_the_grace_snapshots_are_taken(tmp_path):
     assert ctx.longest_gap >= MEMORY_GAP_SHARE * grace
     assert ctx.checkpointer.memory is not None and ctx.checkpointer.memory[0] == 3
     ctx.close()
+
+
+def test_time_inside_step_done_is_not_a_step_gap(tmp_path):
+    """A durable save's staging (here a slow state_fn) runs inside step_done: the training
+    thread is ours then, and it is bounded; only the workload's own steps count."""
+    grace = 0.2
+
+    def slow_state(step: int) -> dict:
+        time.sleep(MEMORY_GAP_SHARE * grace)
+        return state(step)
+
+    ctx = context(tmp_path, grace=grace, every=2)
+    for step in range(1, 7):
+        ctx.step_done(step, lambda s=step: slow_state(s))
+    ctx.close()
+    assert ctx.longest_gap < MEMORY_GAP_SHARE * grace
+    assert ctx.checkpointer.memory is None
 
 
 def test_a_step_stuck_past_the_grace_after_a_notice_writes_the_memory_snapshot(tmp_path):
@@ -77,3 +94,14 @@ def test_the_grace_is_waited_for_before_the_snapshot_is_written(tmp_path):
 def test_a_bad_notice_grace_is_refused_naming_the_flag(tmp_path, grace):
     with pytest.raises(ValueError, match=r"notice_grace .* --notice-grace"):
         context(tmp_path, grace=grace)
+
+
+@pytest.mark.parametrize("raw", ["-1", "nan", "inf", "five"])
+def test_the_agent_refuses_a_bad_notice_grace_naming_the_flag_and_the_value(raw, capsys):
+    from orbit_dagster.runtime.agent import parse_args
+
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["/b", "--notice-grace", raw])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--notice-grace" in err and repr(raw) in err, err
