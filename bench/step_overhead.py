@@ -345,7 +345,12 @@ def main(argv: list[str] | None = None) -> int:
             print(rows[-1], flush=True)
     print(HEADER + "\n" + "\n".join(rows))
     if args.record:
-        argv_txt = " ".join(sys.argv[1:]).replace(str(args.record), "docs/benchmarks.md")
+        shown = list(sys.argv[1:])
+        if "--steps-out" in shown:  # a local file of clocks: not part of the command that makes the figures
+            i = shown.index("--steps-out")
+            del shown[i:i + 2]
+        argv_txt = " ".join(x for x in shown if not x.startswith("--steps-out=")).replace(str(args.record),
+                                                                                          "docs/benchmarks.md")
         record(args.record, rows, f"python bench/step_overhead.py {argv_txt}".strip(), time.time() - t0,
                args.section, memory_every=args.memory_every, notice_grace=args.notice_grace)
     return 0
