@@ -5,8 +5,8 @@
 
 The example workload (workloads/charlm/train.py, unchanged) runs through a real RunContext
 with a filesystem checkpoint store and the template's tiers: a memory snapshot every 5
-steps (within its cost budget, and only once a gap between step boundaries has reached half
-the notice grace: `--notice-grace 0` takes them whatever the steps' length, as before that
+steps (within its cost budget, and only once a gap between step boundaries has reached the
+notice grace: `--notice-grace 0` takes them whatever the steps' length, as before that
 rule) and a durable checkpoint every 40 steps (`--every`; a comma
 list measures each interval in turn, e.g. `--every-100m 20,<the interval the orbit policy
 chose in the replay test>`). The durable save is the production path: the training thread
@@ -63,7 +63,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import torch  # noqa: E402
-from recording import replace_section  # noqa: E402
+from recording import recorded_command, replace_section  # noqa: E402
 
 from orbit_dagster.core.templates import load_template  # noqa: E402
 from orbit_dagster.runtime import device as devices  # noqa: E402
@@ -302,7 +302,7 @@ def record(path: Path, rows: list[str], command: str, seconds: float, name: str 
                f"{LOAD_AT_START:.1f} at the start, {os.getloadavg()[0]:.1f} at the end), device {plan.device} "
                f"({plan.name}, {plan.precision}), torch {torch.__version__}, "
                f"in {seconds:.0f} s. Command: `{command}`. Memory snapshots: every {memory_every} steps, within "
-               f"their 1% cost budget, once a gap between step boundaries has reached {MEMORY_GAP_SHARE:g} of the "
+               f"their 1% cost budget, once a gap between step boundaries has reached {MEMORY_GAP_SHARE:g} x the "
                f"{notice_grace:g} s notice grace (runtime/sdk.py). \"yes (bound)\": the interquartile range crosses zero, and its top is within the goal. "
                "\"s lost per interval\": wall seconds one on block lost against its off partner (\"CPU s\": CPU "
                "seconds it spent more); the overhead at another durable interval is about this / that interval's "
@@ -349,9 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         if "--steps-out" in shown:  # a local file of clocks: not part of the command that makes the figures
             i = shown.index("--steps-out")
             del shown[i:i + 2]
-        argv_txt = " ".join(x for x in shown if not x.startswith("--steps-out=")).replace(str(args.record),
-                                                                                          "docs/benchmarks.md")
-        record(args.record, rows, f"python bench/step_overhead.py {argv_txt}".strip(), time.time() - t0,
+        shown = [x for x in shown if not x.startswith("--steps-out=")]
+        record(args.record, rows, recorded_command("step_overhead", shown), time.time() - t0,
                args.section, memory_every=args.memory_every, notice_grace=args.notice_grace)
     return 0
 

@@ -35,9 +35,12 @@ from .notices import NOTICE_GRACE_S, NoticeWatcher
 StateFn = Callable[[], dict[str, Any]]
 PROGRESS_EVERY_S = 1.0
 # A memory snapshot is taken only once a gap between two step boundaries has lasted this share
-# of the notice grace: with shorter gaps the next boundary always comes within the grace, the
-# emergency save is written from the live state there, and a snapshot would only cost time.
-MEMORY_GAP_SHARE = 0.5
+# of the notice grace, i.e. once a notice could have found no boundary within the grace: with
+# shorter gaps the next boundary always comes in time, the emergency save is written from the
+# live state there, and a snapshot would only cost time. Not less than 1: on the benchmark
+# machine a first durable save's background write slowed two steps of the 100M model to
+# 2.6-2.7 s (docs/benchmarks.md), which at half the 5 s grace turned the tier on for the run.
+MEMORY_GAP_SHARE = 1.0
 
 
 class Preempted(Exception):

@@ -34,7 +34,7 @@ def test_with_step_boundaries_well_within_the_grace_no_snapshot_is_taken(tmp_pat
     ctx.close()
 
 
-def test_once_a_gap_reaches_half_the_grace_snapshots_are_taken(tmp_path):
+def test_once_a_gap_reaches_the_grace_snapshots_are_taken(tmp_path):
     grace = 0.2
     ctx = context(tmp_path, grace=grace)
     ctx.step_done(1, lambda: state(1))
