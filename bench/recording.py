@@ -18,11 +18,18 @@ def replace_section(path: Path, begin: str, end: str, section: str) -> None:
 RECORDED_IN = "docs/benchmarks.md"
 
 
-def recorded_command(script: str, argv: list[str]) -> str:
+def recorded_command(script: str, argv: list[str], leave_out: tuple[str, ...] = ()) -> str:
     """The command a recorded section names: this run's own arguments, with the file given to
-    `--record` written as docs/benchmarks.md, so that running it again rewrites that section."""
+    `--record` written as docs/benchmarks.md, so that running it again rewrites that section.
+    The options in `leave_out` (each with its value) are dropped: local outputs such as a file
+    of raw clocks, not part of what makes the figures."""
     out, it = [], iter(argv)
     for arg in it:
+        name = arg.split("=", 1)[0]
+        if name in leave_out:
+            if "=" not in arg:
+                next(it, None)
+            continue
         if arg == "--record":
             next(it, None)
             arg = f"--record {RECORDED_IN}"

@@ -48,14 +48,12 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,10 +61,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import torch  # noqa: E402
-from recording import recorded_command, replace_section  # noqa: E402
+from recording import measured_on, recorded_command, replace_section  # noqa: E402
 
 from orbit_dagster.core.templates import load_template  # noqa: E402
 from orbit_dagster.runtime import device as devices  # noqa: E402
+from orbit_dagster.runtime.agent import seconds_arg  # noqa: E402
 from orbit_dagster.runtime.events import EventWriter  # noqa: E402
 from orbit_dagster.runtime.notices import NOTICE_GRACE_S, NoticeWatcher  # noqa: E402
 from orbit_dagster.runtime.sdk import MEMORY_GAP_SHARE, RunContext  # noqa: E402
@@ -297,9 +296,7 @@ def record(path: Path, rows: list[str], command: str, seconds: float, name: str 
            memory_every: int = 5, notice_grace: float = NOTICE_GRACE_S) -> None:
     plan = devices.plan()
     title = "bench/step_overhead.py" + ("" if name == SECTION else f", section {name}")
-    section = (f"\n## Checkpoint step-time overhead ({title})\n\nMeasured {date.today().isoformat()} "
-               f"on {platform.machine()} ({os.cpu_count()} cores, shared with other work: load average "
-               f"{LOAD_AT_START:.1f} at the start, {os.getloadavg()[0]:.1f} at the end), device {plan.device} "
+    section = (f"\n## Checkpoint step-time overhead ({title})\n\n{measured_on(LOAD_AT_START)}, device {plan.device} "
                f"({plan.name}, {plan.precision}), torch {torch.__version__}, "
                f"in {seconds:.0f} s. Command: `{command}`. Memory snapshots: every {memory_every} steps, within "
                f"their 1% cost budget, once a gap between step boundaries has reached {MEMORY_GAP_SHARE:g} x the "
@@ -324,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", default="40", help="durable checkpoint interval(s), steps, comma-separated (template: 40)")
     ap.add_argument("--every-100m", default="40", help="the same for the 100M model, e.g. 20,N")
     ap.add_argument("--memory-every", type=int, default=5)
-    ap.add_argument("--notice-grace", type=float, default=NOTICE_GRACE_S,
+    ap.add_argument("--notice-grace", type=seconds_arg, default=NOTICE_GRACE_S,
                     help="the agent's --notice-grace; 0 takes memory snapshots whatever the steps' length")
     ap.add_argument("--record", type=Path, default=None)
     ap.add_argument("--steps-out", type=Path, default=None,
@@ -345,12 +342,8 @@ def main(argv: list[str] | None = None) -> int:
             print(rows[-1], flush=True)
     print(HEADER + "\n" + "\n".join(rows))
     if args.record:
-        shown = list(sys.argv[1:])
-        if "--steps-out" in shown:  # a local file of clocks: not part of the command that makes the figures
-            i = shown.index("--steps-out")
-            del shown[i:i + 2]
-        shown = [x for x in shown if not x.startswith("--steps-out=")]
-        record(args.record, rows, recorded_command("step_overhead", shown), time.time() - t0,
+        record(args.record, rows, recorded_command("step_overhead", sys.argv[1:], leave_out=("--steps-out",)),
+               time.time() - t0,
                args.section, memory_every=args.memory_every, notice_grace=args.notice_grace)
     return 0
 

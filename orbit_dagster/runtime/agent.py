@@ -109,7 +109,8 @@ def classify_exception(exc: BaseException) -> tuple[int, str]:
     return EXIT_USER_ERROR, text
 
 
-def _seconds(text: str) -> float:
+def seconds_arg(text: str) -> float:
+    """An argparse type: a finite, non-negative number of seconds (the agent's and the bench's --notice-grace)."""
     try:
         value = float(text)
     except ValueError:
@@ -150,7 +151,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(runtime/checkpoint_schedule.py; dispatch writes it)")
     p.add_argument("--metadata-url", default=os.environ.get("ORBIT_METADATA_URL"))
     p.add_argument("--notice-poll", type=float, default=1.0)
-    p.add_argument("--notice-grace", type=_seconds, default=NOTICE_GRACE_S, help="seconds to wait for a step boundary after a notice")
+    p.add_argument("--notice-grace", type=seconds_arg, default=NOTICE_GRACE_S, help="seconds to wait for a step boundary after a notice")
     p.add_argument("--stop-after-step", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--probe", action="store_true", help="measure effective TFLOPS before the workload")
     g = p.add_argument_group("one node of a group (runtime/group.py)")

@@ -531,6 +531,10 @@ def test_each_script_writes_a_command_that_rewrites_its_section_again():
         "python bench/sizing.py --jobs 20 --record docs/benchmarks.md"
     assert recorded_command("sensor_tick", ["--record=/tmp/x.md", "--quick"]) == \
         "python bench/sensor_tick.py --record docs/benchmarks.md --quick"
+    # A local output (a file of raw clocks) is left out, with its value, in either spelling.
+    assert recorded_command("step_overhead", ["--steps-out", "/tmp/c", "--pairs", "3", "--steps-out=/tmp/d",
+                                              "--record", "/tmp/x.md"], leave_out=("--steps-out",)) == \
+        "python bench/step_overhead.py --pairs 3 --record docs/benchmarks.md"
 
 
 def test_a_bench_command_without_record_is_caught():
