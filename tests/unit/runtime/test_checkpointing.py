@@ -194,12 +194,21 @@ def test_full_fine_tune_keeps_no_base_and_saves_in_full(tmp_path):
     ck.save_durable_async(1, state, {})
     ck.flush()
     assert ck._base is not None  # the first save: no history yet, kept
+    # ... so the next save cannot copy into it: its buffers were readied on the writer thread
+    # (new memory, touched there), none of them the base's.
+    readied = dict(ck._spare)
+    base = ck._base[1]
+    assert set(readied) == {k for k, v in base.items() if isinstance(v, torch.Tensor)}
+    assert all(readied[k].shape == base[k].shape and readied[k].dtype == base[k].dtype
+               and readied[k].data_ptr() != base[k].data_ptr() for k in readied)
     train_step()
     ck.save_durable_async(2, state, {})
     ck.flush()
+    assert_same(load(store, checkpoints(tmp_path)[-1]["uri"], tmp_path / "2"), state)
     # All of it was written to: no delta base kept; the written copy's buffers wait for the next save.
     assert ck._base is None and set(ck._spare) == {k for k, v in D.flatten(state).items() if isinstance(v, torch.Tensor)}
     spare = dict(ck._spare)
+    assert all(spare[k].data_ptr() == v.data_ptr() for k, v in readied.items())  # save 2 copied into them
     train_step()
     ck.save_durable_async(3, state, {})
     ck.flush()
