@@ -188,4 +188,3 @@ def buffers_like(flat: Mapping[str, Any]) -> dict[str, torch.Tensor]:
             pin = torch.cuda.is_available() and value.is_pinned()
             out[key] = torch.empty(value.shape, dtype=value.dtype, pin_memory=pin).zero_()
     return out
-
