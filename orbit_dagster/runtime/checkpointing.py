@@ -183,8 +183,12 @@ class Checkpointer:
             # So the next durable save cannot copy into this one, and a copy into new memory
             # blocked the training thread 1.8 s for 1.2 GB where held buffers take 0.11 s
             # (docs/benchmarks.md): this thread readies that save's buffers now. Host memory
-            # holds two copies from here on, as it would during that save anyway.
-            spare = buffers_like(self._base[1])
+            # holds two copies from here on, as it would during that save anyway. A host
+            # without room for them yet is not an error: that save allocates its own.
+            try:
+                spare = buffers_like(self._base[1])
+            except RuntimeError:  # torch's "can't allocate memory"
+                spare = {}
             with self._lock:
                 self._spare = self._spare or spare or None
         else:

@@ -222,6 +222,26 @@ def test_full_fine_tune_keeps_no_base_and_saves_in_full(tmp_path):
     ck.close()
 
 
+def test_no_room_to_ready_the_next_saves_buffers_is_not_an_error(tmp_path, monkeypatch):
+    import orbit_dagster.runtime.checkpointing as C
+
+    def no_memory(flat):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(C, "buffers_like", no_memory)
+    ck, store = checkpointer(tmp_path)
+    state = make_state()
+    ck.save_durable_async(1, state, {})
+    ck.flush()
+    assert ck._base is not None and ck._spare is None  # kept as the base; nothing readied
+    state["model"]["layer0.weight"].add_(1.0)
+    ck.save_durable_async(2, state, {})  # no writer error surfaces: it copies into new memory
+    ck.flush()
+    assert [c["step"] for c in checkpoints(tmp_path)] == [1, 2]
+    assert_same(load(store, checkpoints(tmp_path)[-1]["uri"], tmp_path / "2"), state)
+    ck.close()
+
+
 def test_emergency_from_memory_does_not_block_training(tmp_path):
     ck, store = checkpointer(tmp_path)
     state = make_state()
