@@ -181,10 +181,11 @@ class Checkpointer:
         if keep_base:
             self._base = (uri, D.flatten(snapshot))  # the old base is dropped, never recycled (a reader may hold it)
             # So the next durable save cannot copy into this one, and a copy into new memory
-            # blocked the training thread 1.8 s for 1.2 GB where held buffers take 0.11 s
-            # (docs/benchmarks.md): this thread readies that save's buffers now. Host memory
-            # holds two copies from here on, as it would during that save anyway. A host
-            # without room for them yet is not an error: that save allocates its own.
+            # blocked the training thread 1.59 s for 1.2 GB where held buffers took 0.14 s
+            # (docs/benchmarks.md, step-overhead-policy): this thread readies that save's
+            # buffers now. Host memory holds two copies from here on, as it would during that
+            # save anyway. A host without room for them yet is not an error: that save
+            # allocates its own.
             try:
                 spare = buffers_like(self._base[1])
             except RuntimeError:  # torch's "can't allocate memory"

@@ -183,8 +183,8 @@ def buffers_like(flat: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     wait pays that here instead of the training thread. Pinned buffers stay pinned.
     """
     out: dict[str, torch.Tensor] = {}
+    cuda = torch.cuda.is_available()
     for key, value in flat.items():
         if isinstance(value, torch.Tensor) and value.layout == torch.strided and value.device.type == "cpu":
-            pin = torch.cuda.is_available() and value.is_pinned()
-            out[key] = torch.empty(value.shape, dtype=value.dtype, pin_memory=pin).zero_()
+            out[key] = torch.empty(value.shape, dtype=value.dtype, pin_memory=cuda and value.is_pinned()).zero_()
     return out
