@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import torch  # noqa: E402
-from recording import replace_section  # noqa: E402
+from recording import recorded_command, replace_section  # noqa: E402
 from sharded_io import measure as measure_sharded  # noqa: E402
 
 from orbit_dagster.runtime import delta as D  # noqa: E402
@@ -475,8 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.time() - t_start
     print(f"{HEADER}\n" + "\n".join(rows))
     if args.record:
-        argv_txt = " ".join(sys.argv[1:]).replace(str(args.record), "docs/benchmarks.md")
-        record(args.record, rows, f"python bench/checkpoint_io.py {argv_txt}".strip(), seconds, args.section)
+        record(args.record, rows, recorded_command("checkpoint_io", sys.argv[1:] if argv is None else argv),
+               seconds, args.section)
     return 0
 
 

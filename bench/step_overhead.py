@@ -328,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="also write every step's wall and CPU clock, per (model, interval), to FILE.MODEL-EVERY.json")
     ap.add_argument("--section", default=SECTION, choices=sorted(SECTIONS), help="the section of --record to write")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # MODEL:EVERY, one measurement (measure_apart)
+    argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     if args.one:
         name, every = args.one.split(":")
@@ -338,11 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.models.split(","):
         for every in (args.every_100m if name == "100M" else args.every).split(","):
-            rows.append(row(name, measure_apart(name, every, argv if argv is not None else sys.argv[1:])))
+            rows.append(row(name, measure_apart(name, every, argv)))
             print(rows[-1], flush=True)
     print(HEADER + "\n" + "\n".join(rows))
     if args.record:
-        record(args.record, rows, recorded_command("step_overhead", sys.argv[1:], leave_out=("--steps-out",)),
+        record(args.record, rows, recorded_command("step_overhead", argv, leave_out=("--steps-out",)),
                time.time() - t0,
                args.section, memory_every=args.memory_every, notice_grace=args.notice_grace)
     return 0

@@ -151,12 +151,11 @@ def stage(state: Any, spare: dict[str, torch.Tensor] | None = None) -> Any:
         if isinstance(obj, torch.Tensor):
             src = obj.detach()
             pin = src.is_cuda
+            if src.layout != torch.strided:
+                return src.to("cpu", copy=True)
             buf = spare.get(D.path_key(path))
-            if (buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.layout != src.layout
-                    or src.layout != torch.strided or buf.device.type != "cpu" or (pin and not buf.is_pinned())):
-                if src.layout != torch.strided:
-                    return src.to("cpu", copy=True)
-                buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
+            if buf is None or not _fits(buf, src):
+                buf = _host_buffer(src, pin)
             if pin:
                 devices.add(src.device)
             return buf.copy_(src, non_blocking=pin)
@@ -185,6 +184,18 @@ def buffers_like(flat: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     cuda = torch.cuda.is_available()
     for key, value in flat.items():
-        if isinstance(value, torch.Tensor) and value.layout == torch.strided and value.device.type == "cpu":
-            out[key] = torch.empty(value.shape, dtype=value.dtype, pin_memory=cuda and value.is_pinned()).zero_()
+        if isinstance(value, torch.Tensor) and _fits(value, value):  # a strided host tensor
+            out[key] = _host_buffer(value, cuda and value.is_pinned()).zero_()
     return out
+
+
+def _fits(buf: torch.Tensor, src: torch.Tensor) -> bool:
+    """Whether `stage` may copy `src` into the held buffer `buf`: a strided host tensor of the
+    same shape and dtype, pinned when `src` is on a GPU (an asynchronous copy needs it). The
+    one rule for what `stage` reuses and what `buffers_like` readies for it."""
+    return (buf.layout == src.layout == torch.strided and buf.device.type == "cpu" and buf.shape == src.shape
+            and buf.dtype == src.dtype and (not src.is_cuda or buf.is_pinned()))
+
+
+def _host_buffer(like: torch.Tensor, pin: bool) -> torch.Tensor:
+    return torch.empty(like.shape, dtype=like.dtype, pin_memory=pin)

@@ -224,3 +224,47 @@ def test_too_many_interruptions_fail_the_job_with_a_readable_reason(settings):
     row = R.require_job(ledger, job)
     assert row["state"] == "FAILED" and row["failure_class"] == "reclaim"
     assert "interrupted 2 times" in row["reason"] and "max_interruptions=1" in row["reason"]
+
+
+def test_a_reclaim_after_the_last_step_resumes_from_the_final_checkpoint_and_trains_nothing_again(settings, tmp_path):
+    """The notice comes after the last step and its durable checkpoint, while the script still
+    does work that is not a step (an export, an upload): nothing is left to save, so no
+    emergency checkpoint is made; the next attempt resumes from the final one, trains no step
+    again, and the job ends with the weights of an uninterrupted run."""
+    from tests.integration.replay_driver import WORKLOAD
+
+    template = tmp_path / "paced-tail.yaml"
+    template.write_text(f"""name: paced-tail
+workload: {WORKLOAD}
+entrypoint: train.py
+eval: null
+placement: sim
+launch_mode: host_process
+resources: {{gpu: any, gpu_count: 1, cpu_threads: 1}}
+checkpoint: {{every_steps: 10, memory_every_steps: 10000000, interval_policy: fixed, store: fs}}
+config: {{steps: 20, step_seconds: 0.05, seed: 7, tail_seconds: 15}}
+allow_overrides: [config.tail_seconds]
+""")
+    ledger = settings.ledger()
+    job = submit(settings, str(template), experiment="after-the-last-step")
+    bg = Background(lambda: run_attempt(settings, job))
+    wait_for(lambda: R.run(ledger, R.run_id_for(job, 1)) and R.run(ledger, R.run_id_for(job, 1))["state"] == "RUNNING")
+    # The host reads step 20 from the workload's events, then the notice comes; the reclaim 3 s
+    # later, inside the script's 15 s tail.
+    provider_for(settings, "sim_host_process").inject_reclaim(handle_of(settings, job, 1).instance, at_step=20,
+                                                              notice_seconds=3)
+    first = bg.join()
+    assert (first.state, first.failure_class) == ("LOST", "reclaim")
+    ckpts = ledger.rows("SELECT step, tier, checkpoint_key FROM checkpoints WHERE job_id = ? ORDER BY step", [job])
+    assert [(c["step"], c["tier"]) for c in ckpts] == [(10, "durable"), (20, "durable")], ckpts
+    assert len(ledger.rows("SELECT 1 FROM events WHERE job_id = ? AND kind = 'host_notice'", [job])) == 1
+    second = run_attempt(settings, job)
+    assert (second.state, second.attempt) == ("SUCCEEDED", 2)
+    run2 = R.run_id_for(job, 2)
+    assert R.run(ledger, run2)["resume_from"] == ckpts[-1]["checkpoint_key"]
+    assert ledger.scalar("SELECT count(*) FROM metric_points WHERE run_id = ?", [run2]) == 0  # no step again
+    billed = ledger.scalar("SELECT sum(billed_usd) FROM instances WHERE job_id = ?", [job])
+    assert math.isclose(ledger.scalar("SELECT sum(usd) FROM costs WHERE job_id = ?", [job]), billed, rel_tol=1e-9)
+    ref = submit(settings, str(template), {"config.tail_seconds": 0.0}, experiment="after-the-last-step-ref")
+    assert run_attempt(settings, ref).state == "SUCCEEDED"
+    assert final_weights(ledger, job) == final_weights(ledger, ref)

@@ -5,6 +5,9 @@ load, so the step time both drivers are given is the one the workload keeps.
 
 Steps end on an absolute schedule from the first step of the attempt (a late step is
 caught up by the next), so the pace does not drift.
+
+After the last step the script waits `tail_seconds` before it returns: a user's export or
+upload, work that is not a training step.
 """
 from __future__ import annotations
 
@@ -39,3 +42,4 @@ def main(ctx) -> None:
         if delay > 0:
             time.sleep(delay)
         ctx.step_done(done, snapshot, {"train/loss": float(grad.pow(2).mean())}, final=done == steps)
+    time.sleep(float(cfg.get("tail_seconds", 0.0)))
