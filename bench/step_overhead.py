@@ -251,7 +251,7 @@ def overhead(pairs: list[tuple[float, float]]) -> dict:
     lo, hi = _quartiles(ratios)
     med = statistics.median(ratios)
     if hi < 0:
-        verdict = "yes (no cost resolved)"
+        verdict = "not resolved (drift: on blocks faster)"  # a checkpoint cannot speed training up
     elif lo > 0:
         verdict = "yes" if med <= GOAL else "**NO**"
     else:
@@ -300,7 +300,8 @@ def record(path: Path, rows: list[str], command: str, seconds: float, name: str 
                f"({plan.name}, {plan.precision}), torch {torch.__version__}, "
                f"in {seconds:.0f} s. Command: `{command}`. Memory snapshots: every {memory_every} steps, within "
                f"their 1% cost budget, once a gap between step boundaries has reached {MEMORY_GAP_SHARE:g} x the "
-               f"{notice_grace:g} s notice grace (runtime/sdk.py). \"yes (bound)\": the interquartile range crosses zero, and its top is within the goal. "
+               f"{notice_grace:g} s notice grace (runtime/sdk.py). \"yes (bound)\": the interquartile range crosses zero, and its top is within the goal; "
+               f"\"not resolved (drift: on blocks faster)\": the range lies wholly below zero, the machine's pace changed. "
                "\"s lost per interval\": wall seconds one on block lost against its off partner (\"CPU s\": CPU "
                "seconds it spent more); the overhead at another durable interval is about this / that interval's "
                "length in seconds. \"A save's local cost\": the seconds the save's step and the "
