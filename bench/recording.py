@@ -39,12 +39,36 @@ def recorded_command(script: str, argv: list[str], leave_out: tuple[str, ...] = 
     return " ".join([f"python bench/{script}.py", *out])
 
 
+def _cpu_times() -> list[int] | None:
+    """The machine's CPU time counters (Linux /proc/stat's first line), or None elsewhere."""
+    try:
+        return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+# Counted from the bench's start (this module is imported then): the share of CPU time a
+# hypervisor took from this virtual machine while the bench ran, which load averages cannot show.
+_CPU_AT_START = _cpu_times()
+STEAL = 7  # /proc/stat's columns: user nice system idle iowait irq softirq steal ...
+
+
+def steal_share(before: list[int] | None, after: list[int] | None) -> float | None:
+    if not before or not after or len(before) <= STEAL or len(after) <= STEAL:
+        return None
+    total = sum(after[:STEAL + 1]) - sum(before[:STEAL + 1])
+    return (after[STEAL] - before[STEAL]) / total if total > 0 else None
+
+
 def measured_on(load_at_start: float | None = None) -> str:
-    """The opening of a recorded section: when, on what, and how loaded the machine was."""
+    """The opening of a recorded section: when, on what, how loaded the machine was, and how
+    much CPU time its hypervisor took (steal) since the bench started."""
     import os
     import platform
     from datetime import date
 
     start = "" if load_at_start is None else f"{load_at_start:.1f} at the start, "
+    steal = steal_share(_CPU_AT_START, _cpu_times())
+    stolen = "" if steal is None else f", {100 * steal:.1f}% of CPU time stolen by the hypervisor"
     return (f"Measured {date.today().isoformat()} on {platform.machine()} ({os.cpu_count()} cores, load average "
-            f"{start}{os.getloadavg()[0]:.1f} at the end)")
+            f"{start}{os.getloadavg()[0]:.1f} at the end{stolen})")
