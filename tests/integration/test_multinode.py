@@ -260,11 +260,11 @@ def test_a_node_gone_without_notice_stops_the_group_at_once_and_its_waste_is_bil
     """Node 1's host vanishes (SIGKILL, no notice): the ranks of nodes 0 and 2 would wait in their
     all-reduce for ever; the group is ended at once, nodes 0 and 2 released (their ranks with
     them), and the job resumes on a group rented anew from the last durable checkpoint. The work
-    since that checkpoint is wasted on each node, each node's own line. A save every 900 steps
+    since that checkpoint is wasted on each node, each node's own line. A save every 600 steps
     (an idle machine runs 50 a second): the kill must land after a save is durable and before the
     next one begins, or that one would commit after the kill and no work would be lost."""
     ledger = settings.ledger()
-    every = 9 * EVERY  # room to kill between a save becoming durable and the next one starting
+    every = 6 * EVERY  # room to kill between a save becoming durable and the next one starting
     job = submit(capsys, {**CONFIG, **ELASTIC, "config.steps": 3 * every, "checkpoint.every_steps": every})
     run_1 = R.run_id_for(job, 1)
     bg = Background(lambda: run_attempt(settings, job))

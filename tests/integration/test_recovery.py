@@ -242,17 +242,17 @@ placement: sim
 launch_mode: host_process
 resources: {{gpu: any, gpu_count: 1, cpu_threads: 1}}
 checkpoint: {{every_steps: 10, memory_every_steps: 10000000, interval_policy: fixed, store: fs}}
-config: {{steps: 20, step_seconds: 0.05, seed: 7, tail_seconds: 15}}
+config: {{steps: 20, step_seconds: 0.05, seed: 7, tail_seconds: 10}}
 allow_overrides: [config.tail_seconds]
 """)
     ledger = settings.ledger()
     job = submit(settings, str(template), experiment="after-the-last-step")
     bg = Background(lambda: run_attempt(settings, job))
     wait_for(lambda: R.run(ledger, R.run_id_for(job, 1)) and R.run(ledger, R.run_id_for(job, 1))["state"] == "RUNNING")
-    # The host reads step 20 from the workload's events, then the notice comes; the reclaim 3 s
-    # later, inside the script's 15 s tail.
+    # The host reads step 20 from the workload's events, then the notice comes; the reclaim 2 s
+    # later, inside the script's 10 s tail.
     provider_for(settings, "sim_host_process").inject_reclaim(handle_of(settings, job, 1).instance, at_step=20,
-                                                              notice_seconds=3)
+                                                              notice_seconds=2)
     first = bg.join()
     assert (first.state, first.failure_class) == ("LOST", "reclaim")
     ckpts = ledger.rows("SELECT step, tier, checkpoint_key FROM checkpoints WHERE job_id = ? ORDER BY step", [job])
