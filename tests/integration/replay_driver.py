@@ -83,21 +83,23 @@ def serialise_metric_flushes(monkeypatch) -> None:
     monkeypatch.setattr(attempt_module.AttemptMonitor, "flush_metrics", locked)
 
 
-def paced_template(dest: Path, *, steps: int, step_seconds: float) -> str:
-    """A template for the paced workload: the `orbit` interval policy decides alone (the
-    template's cadence is out of its way), and many interruptions are allowed."""
-    path = dest / f"{TEMPLATE}.yaml"
-    path.write_text(f"""name: {TEMPLATE}
+def paced_template(dest: Path, *, steps: int, step_seconds: float, name: str = TEMPLATE,
+                   checkpoint: str = "every_steps: 10000000, memory_every_steps: 10000000, interval_policy: orbit",
+                   tail_seconds: float = 0.0, allow_overrides: str = "deadline_hours") -> str:
+    """A template for the paced workload: by default the `orbit` interval policy decides alone
+    (the template's cadence is out of its way), and many interruptions are allowed."""
+    path = dest / f"{name}.yaml"
+    path.write_text(f"""name: {name}
 workload: {WORKLOAD}
 entrypoint: train.py
 eval: null
 placement: sim
 launch_mode: host_process
 resources: {{gpu: any, gpu_count: 1, cpu_threads: 1}}
-checkpoint: {{every_steps: 10000000, memory_every_steps: 10000000, interval_policy: orbit, store: fs, keep_latest: 1000}}
+checkpoint: {{{checkpoint}, store: fs, keep_latest: 1000}}
 max_interruptions: 1000
-config: {{steps: {steps}, step_seconds: {step_seconds}, seed: 7}}
-allow_overrides: [deadline_hours]
+config: {{steps: {steps}, step_seconds: {step_seconds}, seed: 7, tail_seconds: {tail_seconds}}}
+allow_overrides: [{allow_overrides}]
 """)
     return str(path)
 

@@ -18,6 +18,7 @@ from orbit_dagster.providers.base import RunHandle
 from orbit_dagster.settings import Settings
 from orbit_dagster.storage import open_store
 from tests.helpers import Background, wait_for
+from tests.integration.replay_driver import paced_template
 
 CFG = {"config.steps": 60, "checkpoint.every_steps": 10}
 
@@ -29,6 +30,11 @@ def settings(orbit_home):
 
 def handle_of(settings, job, attempt):
     return RunHandle.model_validate_json(R.run(settings.ledger(), R.run_id_for(job, attempt))["handle"])
+
+
+def running(ledger, job, attempt=1) -> bool:
+    row = R.run(ledger, R.run_id_for(job, attempt))
+    return bool(row) and row["state"] == "RUNNING"
 
 
 def last_step(ledger, job, attempt):
@@ -126,7 +132,7 @@ def test_a_reclaim_set_by_training_progress_comes_at_that_step_on_any_machine(se
     job = submit(settings, "charlm-finetune", {"config.steps": 400, "checkpoint.every_steps": 500},
                  experiment="at-step")
     bg = Background(lambda: run_attempt(settings, job))
-    wait_for(lambda: R.run(ledger, R.run_id_for(job, 1)) and R.run(ledger, R.run_id_for(job, 1))["state"] == "RUNNING")
+    wait_for(lambda: running(ledger, job))
     provider_for(settings, "sim_host_process").inject_reclaim(handle_of(settings, job, 1).instance, at_step=30,
                                                               notice_seconds=5)
     first = bg.join()
@@ -148,7 +154,7 @@ def test_orbit_sim_reclaim_at_a_step_then_orbit_logs_shows_every_attempt_and_how
         main(["sim", "reclaim", job])
     assert refused.value.code == 2 and "only a job running on an instance" in capsys.readouterr().err
     bg = Background(lambda: run_attempt(settings, job))
-    wait_for(lambda: R.run(ledger, R.run_id_for(job, 1)) and R.run(ledger, R.run_id_for(job, 1))["state"] == "RUNNING")
+    wait_for(lambda: running(ledger, job))
     main(["sim", "reclaim", job, "--at-step", "30", "--notice-seconds", "5"])
     assert "reclaimed when it reports step 30" in capsys.readouterr().out
     first = bg.join()
@@ -231,24 +237,13 @@ def test_a_reclaim_after_the_last_step_resumes_from_the_final_checkpoint_and_tra
     does work that is not a step (an export, an upload): nothing is left to save, so no
     emergency checkpoint is made; the next attempt resumes from the final one, trains no step
     again, and the job ends with the weights of an uninterrupted run."""
-    from tests.integration.replay_driver import WORKLOAD
-
-    template = tmp_path / "paced-tail.yaml"
-    template.write_text(f"""name: paced-tail
-workload: {WORKLOAD}
-entrypoint: train.py
-eval: null
-placement: sim
-launch_mode: host_process
-resources: {{gpu: any, gpu_count: 1, cpu_threads: 1}}
-checkpoint: {{every_steps: 10, memory_every_steps: 10000000, interval_policy: fixed, store: fs}}
-config: {{steps: 20, step_seconds: 0.05, seed: 7, tail_seconds: 10}}
-allow_overrides: [config.tail_seconds]
-""")
+    template = paced_template(tmp_path, name="paced-tail", steps=20, step_seconds=0.05, tail_seconds=10,
+                              checkpoint="every_steps: 10, memory_every_steps: 10000000, interval_policy: fixed",
+                              allow_overrides="config.tail_seconds")
     ledger = settings.ledger()
-    job = submit(settings, str(template), experiment="after-the-last-step")
+    job = submit(settings, template, experiment="after-the-last-step")
     bg = Background(lambda: run_attempt(settings, job))
-    wait_for(lambda: R.run(ledger, R.run_id_for(job, 1)) and R.run(ledger, R.run_id_for(job, 1))["state"] == "RUNNING")
+    wait_for(lambda: running(ledger, job))
     # The host reads step 20 from the workload's events, then the notice comes; the reclaim 2 s
     # later, inside the script's 10 s tail.
     provider_for(settings, "sim_host_process").inject_reclaim(handle_of(settings, job, 1).instance, at_step=20,
@@ -265,6 +260,6 @@ allow_overrides: [config.tail_seconds]
     assert ledger.scalar("SELECT count(*) FROM metric_points WHERE run_id = ?", [run2]) == 0  # no step again
     billed = ledger.scalar("SELECT sum(billed_usd) FROM instances WHERE job_id = ?", [job])
     assert math.isclose(ledger.scalar("SELECT sum(usd) FROM costs WHERE job_id = ?", [job]), billed, rel_tol=1e-9)
-    ref = submit(settings, str(template), {"config.tail_seconds": 0.0}, experiment="after-the-last-step-ref")
+    ref = submit(settings, template, {"config.tail_seconds": 0.0}, experiment="after-the-last-step-ref")
     assert run_attempt(settings, ref).state == "SUCCEEDED"
     assert final_weights(ledger, job) == final_weights(ledger, ref)
