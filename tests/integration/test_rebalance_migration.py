@@ -23,13 +23,18 @@ from orbit_dagster.resources import AwsSpotResource, OrbitResource, SimMarketRes
 from orbit_dagster.sensors.prices import price_feed_sensor
 from orbit_dagster.settings import Settings
 from tests.helpers import wait_for
+from tests.integration.replay_driver import paced_template
 
 # every_steps past the end, the interval as written: the durable checkpoints are the
 # rebalance's, the move's and the last step's.
 RARE = {"checkpoint.every_steps": 100_000, "checkpoint.interval_policy": "fixed"}
 
-STEPS = 640  # the short-left test's job: see its comment
 LONG_STEPS = 150
+# The short-left test's job: the paced workload (tests/integration/paced_workload), whose steps
+# last PACE_S of wall time whatever the machine's load, so the work left at any step is known
+# before the job starts and no CPU is spent training towards it (a charlm job sized for a fast
+# machine trained 640 steps, over 90 s of CPU on a loaded one, to leave the same 15 s).
+PACE_S, SHORT_STEPS = 0.25, 120
 
 
 def seen_reclaiming(ledger, offer_id: str, scale: float) -> None:
@@ -57,11 +62,11 @@ def last_step(ledger, run_id: str) -> int:
     return ledger.scalar("SELECT max(step) FROM metric_points WHERE run_id = ?", [run_id]) or 0
 
 
-def start(settings: Settings, scale: float, steps: int = STEPS):
+def start(settings: Settings, scale: float, template: str = "charlm-finetune", overrides: dict | None = None):
     """The job's first attempt, trained past step 20 (enough to measure its step time) on an
     offer the fleet saw reclaiming."""
     ledger = settings.ledger()
-    job = submit(settings, "charlm-finetune", {"checkpoint.on_rebalance": "migrate", "config.steps": steps, **RARE})
+    job = submit(settings, template, {"checkpoint.on_rebalance": "migrate", **RARE, **(overrides or {})})
     runner = threading.Thread(target=run_attempt, args=(settings, job), daemon=True)
     runner.start()
     run_id = R.run_id_for(job, 1)
@@ -111,7 +116,7 @@ def test_a_rebalance_moves_a_long_job_make_before_break(orbit_home, monkeypatch)
     scale = 60.0
     monkeypatch.setenv("ORBIT_SIM_SCALE", str(scale))
     settings = Settings.from_env(orbit_home)
-    ledger, job, runner, first = start(settings, scale, steps=LONG_STEPS)
+    ledger, job, runner, first = start(settings, scale, overrides={"config.steps": LONG_STEPS})
     run1 = first["run_id"]
     at = last_step(ledger, run1) + 5
     force_rebalance(settings, job, at_step=at)
@@ -155,18 +160,20 @@ def test_a_rebalance_moves_a_long_job_make_before_break(orbit_home, monkeypatch)
     billed_in_full(ledger, job, 2)
 
 
-def test_a_job_with_too_little_left_for_the_move_to_pay_takes_the_early_checkpoint_only(orbit_home, capsys):
+def test_a_job_with_too_little_left_for_the_move_to_pay_takes_the_early_checkpoint_only(orbit_home, tmp_path, capsys):
     # The market's own pace (scale 1), so the work left is wall seconds: the recommendation is
-    # served at the step that leaves about 15 s of training at the step time measured on this
-    # machine. That is a few times what the agent's poll (1 s), its early save and the sensor's
-    # tick take (about 3 s), so the job still runs when the policy is asked, and about half
-    # the half minute or so from which the move pays on this offer (`seen_reclaiming`). The
-    # job is long enough (STEPS) that 15 s of it lies after step 30 down to 0.025 s a
-    # step, so on a faster machine too the trigger leaves 15 s, not what happens to be left.
+    # served at the step that leaves 15 s of training at the step time measured (the paced
+    # job's PACE_S). That is a few times what the agent's poll (1 s), its early save and the
+    # sensor's tick take (about 3 s), so the job still runs when the policy is asked, and about
+    # half the half minute or so from which the move pays on this offer (`seen_reclaiming`).
     settings = Settings.from_env(orbit_home)
-    ledger, job, runner, first = start(settings, 1.0)
+    template = paced_template(tmp_path, name="paced-rebalance", steps=SHORT_STEPS, step_seconds=PACE_S,
+                              checkpoint="every_steps: 100000, memory_every_steps: 10000000, interval_policy: fixed",
+                              allow_overrides="checkpoint.on_rebalance, checkpoint.every_steps, "
+                                              "checkpoint.interval_policy")
+    ledger, job, runner, first = start(settings, 1.0, template)
     run1 = first["run_id"]
-    at = max(STEPS - math.ceil(15.0 / measured_step_seconds(ledger, "charlm-finetune")),
+    at = max(SHORT_STEPS - math.ceil(15.0 / measured_step_seconds(ledger, "paced-rebalance")),
              last_step(ledger, run1) + 10)
     main(["sim", "rebalance", job, "--at-step", str(at)])  # the operator's command
     assert f"recommended to rebalance when it reports step {at}" in capsys.readouterr().out
@@ -183,7 +190,7 @@ def test_a_job_with_too_little_left_for_the_move_to_pay_takes_the_early_checkpoi
     assert not ledger.scalar("SELECT count(*) FROM events WHERE job_id = ? AND kind = 'migration_started'", [job])
     steps = [r["step"] for r in ledger.rows(
         "SELECT step FROM checkpoints WHERE job_id = ? AND tier = 'durable' ORDER BY step", [job])]
-    assert len(steps) == 2 and at <= steps[0] < STEPS and steps[-1] == STEPS, steps  # the early one, the last step's
+    assert len(steps) == 2 and at <= steps[0] < SHORT_STEPS and steps[-1] == SHORT_STEPS, steps  # the early one, the last step's
     billed_in_full(ledger, job, 1)
     with pytest.raises(SystemExit) as refused:  # a finished job has no instance to recommend leaving
         main(["sim", "rebalance", job])
