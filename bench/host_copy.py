@@ -12,7 +12,12 @@ next, as between two durable saves):
 - "held": a copy into buffers the process kept since the last copy (what `stage` does with the
   `spare` buffers of the last durable copy);
 - "fresh": a copy into newly allocated tensors (what `stage` did on a CPU before it kept them);
-- "floor": the same copy again at once into the buffers just written (nothing to map).
+- "floor": the same copy again at once into the buffers just written (nothing to map);
+- "stage": the same copy through `stage` itself (runtime/encoding.py), the code a durable save
+  runs, into the held buffers, again at once: at `--threads 1` (a job pinned to one torch
+  thread) it spreads the copy over the cores, so "floor / stage" is what that gains; at torch's
+  default of a thread per core, torch shares each copy out itself and `stage` copies as the
+  loop does.
 
 The state is float32 tensors of 9.4 MB each, the size of the 100M model's large matrices
 (bench/step_overhead.py). The figures are the machine's, not orbit's: they say what an interval
@@ -29,6 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from recording import measured_on, recorded_command, replace_section  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from orbit_dagster.runtime.encoding import copy_threads, stage  # noqa: E402
 
 BEGIN, END = "<!-- host-copy:begin -->", "<!-- host-copy:end -->"
 TENSOR_FLOATS = 2_359_296  # 768 x 3072: one of the 100M model's MLP matrices
@@ -59,9 +67,14 @@ def measure(gb: float, idles: list[float]) -> list[dict]:
         time.sleep(idle)
         held_s = copy_into(held, source)
         floor_s = copy_into(held, source)
+        began = time.perf_counter()
+        staged = stage({str(i): s for i, s in enumerate(source)}, spare={f'["{i}"]': b for i, b in enumerate(held)})
+        stage_s = time.perf_counter() - began
+        assert all(staged[str(i)].data_ptr() == b.data_ptr() for i, b in enumerate(held))  # into the held buffers
         fresh_s, fresh = fresh_copy(source)
         del fresh  # freed, as the copy of a written checkpoint was
-        rows.append({"idle": idle, "held": held_s, "fresh": fresh_s, "floor": floor_s, "bytes": n * TENSOR_FLOATS * 4})
+        rows.append({"idle": idle, "held": held_s, "fresh": fresh_s, "floor": floor_s, "stage": stage_s,
+                     "bytes": n * TENSOR_FLOATS * 4})
     return rows
 
 
@@ -76,14 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     began = time.time()
     rows = measure(args.gb, [float(x) for x in args.idle.split(",")])
     table = ("| idle before the copy (s) | into held buffers (s) | into fresh memory (s) | again at once (floor, s) "
-             "| held / floor | fresh / floor |\n|---|---|---|---|---|---|\n")
+             "| held / floor | fresh / floor | again through `stage` (s) | floor / stage |\n"
+             "|---|---|---|---|---|---|---|---|\n")
     table += "\n".join(f"| {r['idle']:.0f} | {r['held']:.3f} | {r['fresh']:.3f} | {r['floor']:.3f} | "
-                       f"{r['held'] / r['floor']:.1f} | {r['fresh'] / r['floor']:.1f} |" for r in rows)
+                       f"{r['held'] / r['floor']:.1f} | {r['fresh'] / r['floor']:.1f} | {r['stage']:.3f} | "
+                       f"{r['floor'] / r['stage']:.2f} |" for r in rows)
     print(table)
     if args.record:
         section = (f"\n## A host copy by the idle time before it (bench/host_copy.py)\n\n{measured_on()}, "
                    f"torch {torch.__version__}, {rows[0]['bytes'] / 1e9:.2f} GB in 9.4 MB float32 tensors, "
-                   f"{args.threads} threads, in {time.time() - began:.0f} s. Command: "
+                   f"torch threads {args.threads}, copy threads {copy_threads()}, in {time.time() - began:.0f} s. Command: "
                    f"`{recorded_command('host_copy', sys.argv[1:] if argv is None else argv)}`.\n\n{table}\n")
         replace_section(args.record, BEGIN, END, section)
     return 0

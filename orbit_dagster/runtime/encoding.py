@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -140,12 +141,19 @@ def stage(state: Any, spare: dict[str, torch.Tensor] | None = None) -> Any:
     nothing reads any more) are reused where path, shape, dtype and layout match (for a CUDA
     tensor, pinned ones only): pinning memory is slow (a driver call per allocation), and fresh
     pageable memory is faulted in page by page as the copy first touches it: on the machine
-    of docs/benchmarks.md a 1.2 GB copy into new memory took 1.6-2.1 s, into buffers already
-    held 0.09-0.11 s, after up to 150 s idle (bench/host_copy.py). The price is a host copy of
-    the state kept between saves.
+    of docs/benchmarks.md a 1.2 GB copy into new memory took 0.5-2.1 s (it varies day to day),
+    into buffers already held 0.09-0.24 s, after up to 150 s idle (bench/host_copy.py). The
+    price is a host copy of the state kept between saves.
+
+    The host-to-host copies are made together at the end (`copy_pieces`), on several threads
+    where torch's own are fewer than the cores: the training thread waits for them either way,
+    and one thread's memcpy leaves the other cores' share of the memory bandwidth unused (for a
+    job pinned to 1 torch thread, `resources.cpu_threads`, two threads made the copy 1.1-2.0x
+    faster on the 2-core machine of docs/benchmarks.md, bench/host_copy.py).
     """
     spare = spare or {}
     devices: set[torch.device] = set()
+    on_host: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def copy(obj: Any, path: tuple) -> Any:
         if isinstance(obj, torch.Tensor):
@@ -158,7 +166,9 @@ def stage(state: Any, spare: dict[str, torch.Tensor] | None = None) -> Any:
                 buf = _host_buffer(src, pin)
             if pin:
                 devices.add(src.device)
-            return buf.copy_(src, non_blocking=pin)
+                return buf.copy_(src, non_blocking=True)
+            on_host.append((buf, src))
+            return buf
         if isinstance(obj, dict):
             return {k: copy(v, path + (k,)) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)) and any(isinstance(v, (dict, torch.Tensor)) for v in obj):
@@ -168,9 +178,59 @@ def stage(state: Any, spare: dict[str, torch.Tensor] | None = None) -> Any:
         return obj
 
     host = copy(state, ())
+    copy_pieces(on_host)
     for dev in devices:
         torch.cuda.synchronize(dev)
     return host
+
+
+# ---- host copies on several threads ---------------------------------------------------
+PIECE_BYTES = 16 << 20  # small enough to spread a few large tensors evenly, large enough that a task's overhead is nothing
+PARALLEL_MIN_BYTES = 64 << 20  # below this a copy takes milliseconds: the threads' hand-off would cost as much
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (the pid that made it, the pool): a forked child makes its own
+_pool_lock = threading.Lock()
+
+
+def copy_threads() -> int:
+    """One per core this process may run on, at most 8 (a memory copy saturates the bandwidth
+    well before that)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores))
+
+
+def _copy_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():  # a pool's threads do not survive a fork
+            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=copy_threads(), thread_name_prefix="orbit-copy"))
+        return _pool[1]
+
+
+def copy_pieces(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """`dst.copy_(src)` for each (dst, src) host pair; in pieces on the copy threads (torch
+    releases the GIL in a copy) when there is enough to copy and torch's own threads, which
+    share one copy out among themselves, are fewer than the cores; returns once every byte is
+    copied, raising the first error."""
+    total = sum(src.numel() * src.element_size() for _, src in pairs)
+    if torch.get_num_threads() >= copy_threads() or total < PARALLEL_MIN_BYTES:
+        for dst, src in pairs:
+            dst.copy_(src)
+        return
+    pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for dst, src in pairs:
+        if not (dst.is_contiguous() and src.is_contiguous()) or dst.dtype != src.dtype:
+            pieces.append((dst, src))  # copied whole: a strided view cannot be cut by bytes
+            continue
+        flat_dst, flat_src = dst.view(-1), src.view(-1)
+        step = max(1, PIECE_BYTES // max(1, src.element_size()))
+        pieces.extend((flat_dst[i:i + step], flat_src[i:i + step]) for i in range(0, flat_src.numel(), step))
+    futures = [_copy_pool().submit(dst.copy_, src) for dst, src in pieces]
+    wait(futures)  # every piece ended before an error is raised: none is still writing into a buffer after
+    for future in futures:
+        future.result()
 
 
 def buffers_like(flat: Mapping[str, Any]) -> dict[str, torch.Tensor]:

@@ -111,6 +111,45 @@ def test_stage_is_a_copy_later_steps_cannot_change():
     assert again["model"]["layer0.weight"].data_ptr() != spare['["model", "layer0.weight"]'].data_ptr()
 
 
+def test_a_large_host_copy_is_cut_into_pieces_on_the_copy_threads_and_is_whole(monkeypatch):
+    from orbit_dagster.runtime import encoding as E
+
+    # Small pieces and threshold, so a test-sized state takes the path a 1 GB state takes.
+    monkeypatch.setattr(E, "PIECE_BYTES", 4096)
+    monkeypatch.setattr(E, "PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(E, "copy_threads", lambda: 3)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # a job pinned to 1 torch thread
+    seen = set()  # the threads that ran a piece
+    real = E._copy_pool
+
+    class Watched:
+        def submit(self, fn, *args):
+            def piece():
+                seen.add(threading.current_thread().name)
+                return fn(*args)
+            return real().submit(piece)
+
+    monkeypatch.setattr(E, "_copy_pool", Watched)
+    state = make_state(n=3, size=10_001)  # pieces of 1,024 floats and an uneven last one
+    state["model"]["strided"] = torch.randn(64, 32).t()  # copied whole
+    state["model"]["ints"] = torch.arange(5000, dtype=torch.int64)
+    state["model"]["empty"] = torch.empty(0)
+    spare = {k: torch.full_like(v, 7) for k, v in D.flatten(stage(state)).items() if isinstance(v, torch.Tensor)}
+    host = stage(state, spare)
+    assert_same(host, state)
+    assert host["model"]["layer2.weight"].data_ptr() == spare['["model", "layer2.weight"]'].data_ptr()
+    assert seen and all(name.startswith("orbit-copy") for name in seen)  # the copies ran on the copy threads
+    # Where torch has a thread per core already, its own copy shares the work out: no pieces.
+    seen.clear()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    assert_same(stage(state, spare), state)
+    assert not seen
+    # An error in one piece reaches the caller, after every other piece has ended.
+    monkeypatch.setattr(E, "_copy_pool", real)
+    with pytest.raises(RuntimeError):
+        E.copy_pieces([(torch.empty(10_000), torch.randn(10_000)), (torch.empty(3), torch.randn(5))])
+
+
 def test_same_bytes_is_exact():
     z = torch.zeros(4)
     assert D.same_bytes(z, torch.zeros(4))
