@@ -144,7 +144,7 @@ def test_a_large_host_copy_is_cut_into_pieces_on_the_copy_threads_and_is_whole(m
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     assert_same(stage(state, spare), state)
     assert not seen
-    # An error in one piece reaches the caller, after every other piece has ended.
+    # An error in one piece (a size mismatch) reaches the caller.
     monkeypatch.setattr(E, "_copy_pool", real)
     with pytest.raises(RuntimeError):
         E.copy_pieces([(torch.empty(10_000), torch.randn(10_000)), (torch.empty(3), torch.randn(5))])
