@@ -192,7 +192,8 @@ class LocalCheckpoint(HostEvent):
     (runtime/command.py): the script's own files are the copy; `sha256` is left out (hashing
     them first would delay the upload by a pass over every byte; the digest comes with the
     `checkpoint` record) and `seconds` runs from the notice to the newest file's mtime (the
-    script's save, the end of its step included)."""
+    script's save, the end of its step included). On node 0 of a group, the files are the
+    union of every node's part, fetched beside its own; the notice is the group's first."""
 
     KIND: ClassVar[str] = "local_checkpoint"
     SINCE: ClassVar[int] = 3

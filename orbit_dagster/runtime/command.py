@@ -106,8 +106,13 @@ class CommandRun:
       record, which follows once the upload's manifest commits and carries `plan_tier`
       "local", `local_seconds` (the same `seconds`) and `upload_seconds` (the upload's own).
 
-    One node of a group (`group` set) reports no `local_checkpoint`: node 0 uploads the union of
-    every node's parts, some of them on other instances' disks, so no one disk holds the copy.
+    In a group (`group` set), node 0 reports it once it holds every node's part (fetched from
+    the store into its staging directory beside its own files): the union it then uploads lies
+    on its disk. `uri` is node 0's own checkpoint directory, `bytes` the union's, `seconds` from
+    the group's first notice (any node's, carried in its part's manifest) to the newest file of
+    the union (a fetched part's mtime is when node 0 got it), `time_left_s` to the earliest
+    deadline any node was given. A group gone while node 0 still gathers leaves no record: the
+    parts that came are dropped at the attempt's end (`group_parts_dropped`).
     """
 
     def __init__(self, *, job: dict, bundle: Path, workdir: Path, task: str, attempt: int, events, store, notices,
@@ -227,12 +232,15 @@ class CommandRun:
         script finished writing them."""
         return self._notice_at is not None and written >= self._notice_at - MTIME_MARGIN_S
 
-    def _report_local(self, found: Found, files: dict[str, Path], written: float) -> float | None:
-        """The `local_checkpoint` record of an emergency save, the script's files being its
-        copy on this disk (see the class docstring); returns its `seconds`, or None where the
-        record could not be written. Stats only: no byte is read before the upload."""
-        seconds = round(max(0.0, written - (self._notice_at or written)), 6)  # an mtime may trail by a tick
-        left = round(max(0.0, self._deadline - written), 3) if self._deadline else None
+    def _report_local(self, found: Found, files: dict[str, Path], written: float,
+                      notice: tuple[float | None, float | None]) -> float | None:
+        """The `local_checkpoint` record of an emergency save, `files` being its copy on this
+        disk (see the class docstring), `written` their newest mtime and `notice` (when it came,
+        its deadline) the notice it answers; returns its `seconds`, or None where the record
+        could not be written. Stats only: no byte is read before the upload."""
+        notice_at, deadline = notice
+        seconds = round(max(0.0, written - (notice_at or written)), 6)  # an mtime may trail by a tick
+        left = round(max(0.0, deadline - written), 3) if deadline else None
         try:
             self.events.emit(LocalCheckpoint(step=found.step, attempt=self.attempt, uri=found.path.absolute().as_uri(),
                                              bytes=sum(f.stat().st_size for f in files.values()), seconds=seconds,
@@ -250,15 +258,19 @@ class CommandRun:
             written = max((f.stat().st_mtime for f in files.values()), default=time.time())
             tier = "emergency" if self._after_notice(written) else "durable"
             source = self.notices.source if tier == "emergency" else None
+            notice = (self._notice_at, self._deadline)
             if self.group is not None and self.group.node_rank > 0:  # its part; node 0 reports the checkpoint
-                return group.store_part(self.store, self.job_id, self.attempt, self.group, found, files, tier, source)
+                return group.store_part(self.store, self.job_id, self.attempt, self.group, found, files, tier, source,
+                                        notice)
             if self.group is not None:
                 parts = group.gather(self.store, self.job_id, self.attempt, found.step, self.group, staging)
                 if parts is None:
                     return  # torn: a node's part never came (gather said so)
                 files, tier, source = group.union(files, parts, tier, source)
-            # A group's emergency save has no one local copy (its parts lie on several disks).
-            local_s = self._report_local(found, files, written) if tier == "emergency" and self.group is None else None
+                # Node 0 now holds every node's part on its own disk: the copy the upload is of.
+                written = max((f.stat().st_mtime for f in files.values()), default=written)
+                notice = group.earliest_notice(parts, notice)
+            local_s = self._report_local(found, files, written, notice) if tier == "emergency" else None
             name = checkpoint_dir_name(found.step, self.attempt)
             upload_began = time.perf_counter()
             manifest = store_files(self.store, self.job_id, name, files, CheckpointManifest(

@@ -106,13 +106,15 @@ def gather(store, job_id: str, attempt: int, step: int, group: NodeGroup, stagin
 
 
 def store_part(store, job_id: str, attempt: int, group: NodeGroup, found: Found, files: dict[str, Path], tier: str,
-               source: str | None) -> None:
-    """A node but node 0: its part of a checkpoint, for node 0 to put together."""
+               source: str | None, notice: tuple[float | None, float | None] = (None, None)) -> None:
+    """A node but node 0: its part of a checkpoint, for node 0 to put together. `notice`: when
+    this node's notice came and its deadline (either None), for node 0's `local_checkpoint`."""
     name = part_name(found.step, attempt, group.node_rank)
     store_files(store, job_id, name, files, CheckpointManifest(
         job_id=job_id, step=found.step, tier=tier, files={}, created_at=datetime.now(timezone.utc).isoformat(),
         attempt=attempt, meta={"layout": found.layout, "name": found.name, "format": "command",
-                               "group_part": group.node_rank, "source": source}))
+                               "group_part": group.node_rank, "source": source,
+                               "notice_at": notice[0], "deadline": notice[1]}))
     log(f"node {group.node_rank}'s part of the checkpoint at step {found.step} stored ({tier})")
 
 
@@ -126,6 +128,15 @@ def union(files: dict[str, Path], parts: list[tuple[CheckpointManifest, Path]], 
         if part.tier == "emergency":
             tier, source = "emergency", source or part.meta.get("source")
     return files, tier, source
+
+
+def earliest_notice(parts: list[tuple[CheckpointManifest, Path]], own: tuple[float | None, float | None]
+                    ) -> tuple[float | None, float | None]:
+    """The group's notice for a checkpoint: the earliest time a node got one and the earliest
+    deadline given (the group goes when its first node does); each None where no node had one."""
+    times = [t for t in [own[0], *(part.meta.get("notice_at") for part, _ in parts)] if t is not None]
+    deadlines = [d for d in [own[1], *(part.meta.get("deadline") for part, _ in parts)] if d is not None]
+    return (min(times) if times else None), (min(deadlines) if deadlines else None)
 
 
 def drop_parts(store, job_id: str, attempt: int, step: int, group: NodeGroup) -> None:

@@ -14,6 +14,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,9 @@ import pytest
 from orbit_dagster.control import checkpoints as C
 from orbit_dagster.control.attempt import AttemptMonitor
 from orbit_dagster.control.context import NullReporter
+from orbit_dagster.core.bundle import build_bundle
+from orbit_dagster.core.submission import TaskSubmission, apply_overrides
+from orbit_dagster.core.templates import load_template
 from orbit_dagster.runtime.agent import EXIT_PREEMPTED
 from orbit_dagster.settings import Settings
 from orbit_dagster.storage import open_store
@@ -98,8 +102,8 @@ def start_host(tmp_path: Path, store: str, metadata: MetadataStandIn) -> subproc
                                 cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True)
 
 
-def records(tmp_path: Path, kind: str) -> list[dict]:
-    path = tmp_path / "w" / "artifacts" / "events.jsonl"
+def records(tmp_path: Path, kind: str, workdir: str = "w") -> list[dict]:
+    path = tmp_path / workdir / "artifacts" / "events.jsonl"
     lines = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
     return [r for r in lines if r["type"] == kind]
 
@@ -200,3 +204,78 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# A group of two nodes (one rank each), every host's store writing at GROUP_KB_S: node 1's part
+# (~40 KB of DCP shards) takes ~5 s, node 0's upload of the union (~80 KB) ~10 s, the window
+# in which the test kills the group.
+GROUP_KB_S = 8
+
+
+def start_group_host(tmp_path: Path, bundle, rank: int, store: str, endpoint: str) -> subprocess.Popen:
+    """Node `rank`'s agent, as on its instance: its own session (the group of the instance)."""
+    work = tmp_path / f"host{rank}"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(bundle.path / "runtime"), str(REPO)]),
+           "OMP_NUM_THREADS": "1"}
+    with open(work / "agent.log", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.command_local_tier_host", str(GROUP_KB_S / 1000),
+             str(bundle.path), "--workdir", str(work), "--store", store, "--checkpoint-every", "100000",
+             "--notice-grace", "60", "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint,
+             "--rdzv-id", RUN], cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True)
+
+
+@pytest.mark.timeout(300)
+def test_a_group_gone_while_node_0_uploads_the_union_leaves_the_ledger_saying_what_was_lost(tmp_path):
+    """A notice on node 1: both ranks stop at one step and save their shards; node 1 stores its
+    part, node 0 fetches it, reports the union on its own disk (`local_checkpoint`) and begins
+    the upload; the group goes then (both hosts SIGKILLed). Nothing is registered for the step,
+    and the attempt's end records `emergency_upload_missed` with the union's bytes."""
+    t = apply_overrides(load_template("fsdp-multinode"), {"config.steps": 100_000, "checkpoint.every_steps": 100_000})
+    bundle = build_bundle(t, TaskSubmission(template=t.name), JOB, tmp_path / "bundle")
+    store = (tmp_path / "store").as_uri()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"127.0.0.1:{s.getsockname()[1]}"
+    hosts = [start_group_host(tmp_path, bundle, rank, store, endpoint) for rank in (0, 1)]
+    node0 = tmp_path / "host0"
+
+    def logs() -> str:
+        return "\n".join((tmp_path / f"host{k}" / "agent.log").read_text(errors="replace") for k in (0, 1))
+
+    def found(kind: str, rank: int = 0) -> list[dict]:
+        return records(tmp_path, kind, workdir=f"host{rank}")
+
+    try:
+        wait_for(lambda: [m for k in (0, 1) for m in found("metrics", k) if m["step"] >= 20]
+                 or any(h.poll() is not None for h in hosts), timeout=180, what="the group training")
+        assert all(h.poll() is None for h in hosts), logs()
+        os.kill(hosts[1].pid, signal.SIGTERM)  # node 1's notice: its agent is the session's leader
+        wait_for(lambda: found("local_checkpoint") or hosts[0].poll() is not None, timeout=120, every=0.05,
+                 what="node 0 reporting the union on its disk")
+        assert hosts[0].poll() is None, logs()  # still uploading the union through the slow store
+        for h in hosts:
+            os.killpg(h.pid, signal.SIGKILL)  # the group goes: every agent and rank with it
+    finally:
+        for h in hosts:
+            if h.poll() is None:
+                os.killpg(h.pid, signal.SIGKILL)
+            h.wait(30)
+    (local,) = found("local_checkpoint")
+    assert not [c for c in found("checkpoint") if c["step"] == local["step"]], logs()
+    assert local["uri"] == (node0 / "command" / "train-a1" / "checkpoints").as_uri() + f"/{Path(local['uri']).name}"
+    assert local["bytes"] > 0 and local["seconds"] > 0 and "time_left_s" not in local  # a SIGTERM has no deadline
+    assert not [u for u in open_store(store).list(JOB)], "no checkpoint of the group in the store"
+
+    settings = Settings.from_env(tmp_path / "orbit-home")
+    monitor = AttemptMonitor(settings, settings.ledger(), Host(), Handle(), NullReporter(), job_id=JOB, run_id=RUN,
+                             store_uri=store, lineage="L1-group-local", experiment="local", eval_suite=None)
+    try:
+        follow_events(monitor, node0 / "artifacts" / "events.jsonl", JOB, RUN)
+        assert registered_steps(monitor) == []
+        (missed,) = ledger_events(monitor, "emergency_upload_missed")
+        assert missed["step"] == local["step"] and missed["bytes"] == local["bytes"]
+        assert "never committed before the host went" in missed["reason"] and "no checkpoint stands" in missed["reason"]
+    finally:
+        monitor.ledger.dispose()

@@ -1,7 +1,7 @@
 """Two hosts' agents, 2 ranks each, meeting at a c10d rendezvous on loopback (runtime/group.py),
 without the control plane: a SIGTERM to node 1's agent (a notice) stops all 4 ranks at one step,
-every rank saves its shard, node 0 stores the one checkpoint of every node's shards (emergency),
-and nothing is left running on either host."""
+every rank saves its shard, node 0 reports the union of every node's shards on its disk, then
+stores it as the one checkpoint (emergency), and nothing is left running on either host."""
 from __future__ import annotations
 
 import json
@@ -83,6 +83,10 @@ def test_a_notice_on_one_node_stops_all_four_ranks_at_one_sharded_emergency_chec
     assert manifest.format == "dcp"
     assert set(manifest.files) == {".metadata", *(f"__{r}_0.distcp" for r in range(4))}  # every rank its shard
     assert not [e for e in events(tmp_path / "host1") if e["type"] == "checkpoint"]  # node 0 reports it, once
+    # Before its upload, node 0 reported the union on its own disk (every node's part fetched).
+    (local,) = [e for e in events(tmp_path / "host0") if e["type"] == "local_checkpoint"]
+    assert (local["step"], local["bytes"]) == (saved["step"], saved["bytes"]) and local["seq"] < saved["seq"]
+    assert saved["plan_tier"] == "local" and saved["local_seconds"] == local["seconds"] > 0
     assert sorted(p.name for p in (store / JOB).iterdir()) == [Path(saved["uri"]).name]  # the parts are gone
     time.sleep(0.5)
     assert run_tags() == set(), "a rank outlived its agent"

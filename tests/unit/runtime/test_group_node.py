@@ -55,14 +55,15 @@ def test_the_ranks_are_torchruns_children():
         parent.wait()
 
 
-def part(tmp_path, store, rank: int, tier: str, files: dict[str, bytes]) -> None:
+def part(tmp_path, store, rank: int, tier: str, files: dict[str, bytes], nodes: int = 2,
+         notice: tuple = (None, None)) -> None:
     d = tmp_path / f"host{rank}" / "ckpt_40"
     d.mkdir(parents=True)
     for name, data in files.items():
         (d / name).write_bytes(data)
-    node = group.NodeGroup(2, rank, "h:1", "r")
+    node = group.NodeGroup(nodes, rank, "h:1", "r")
     group.store_part(store, "job", 1, node, Found(d, 40, "dir"), {n: d / n for n in files}, tier,
-                     "metadata" if tier == "emergency" else None)
+                     "metadata" if tier == "emergency" else None, notice)
 
 
 def test_node_0_puts_every_nodes_part_together_and_a_missing_part_leaves_the_step_unregistered(tmp_path):
@@ -92,3 +93,13 @@ def test_a_part_is_stored_with_what_node_0_needs(tmp_path):
     m = store.read_manifest(store.uri_for("job", group.part_name(40, 1, 1)))
     assert isinstance(m, CheckpointManifest) and (m.step, m.tier, m.attempt) == (40, "durable", 1)
     assert m.meta["group_part"] == 1 and m.meta["name"] == "ckpt_40" and set(m.files) == {"__1_0.distcp"}
+
+
+def test_the_group_s_notice_is_its_first_node_s_and_its_deadline_the_earliest(tmp_path):
+    store = open_store((tmp_path / "store").as_uri())
+    part(tmp_path, store, 1, "emergency", {"__1_0.distcp": b"1"}, nodes=3, notice=(1000.0, 1120.0))
+    part(tmp_path, store, 2, "emergency", {"__2_0.distcp": b"2"}, nodes=3, notice=(999.5, None))  # a SIGTERM: no deadline
+    parts = group.gather(store, "job", 1, 40, group.NodeGroup(3, 0, "h:1", "r", wait_s=1.0), tmp_path / "staging")
+    assert group.earliest_notice(parts, (None, None)) == (999.5, 1120.0)
+    assert group.earliest_notice(parts, (1001.0, 1100.0)) == (999.5, 1100.0)  # node 0's own deadline is sooner
+    assert group.earliest_notice([], (None, None)) == (None, None)  # no node had one
