@@ -20,6 +20,7 @@ stop flag at the step's end (workloads/fsdpscript), so every rank stops at one s
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -133,9 +134,14 @@ def union(files: dict[str, Path], parts: list[tuple[CheckpointManifest, Path]], 
 def earliest_notice(parts: list[tuple[CheckpointManifest, Path]], own: tuple[float | None, float | None]
                     ) -> tuple[float | None, float | None]:
     """The group's notice for a checkpoint: the earliest time a node got one and the earliest
-    deadline given (the group goes when its first node does); each None where no node had one."""
-    times = [t for t in [own[0], *(part.meta.get("notice_at") for part, _ in parts)] if t is not None]
-    deadlines = [d for d in [own[1], *(part.meta.get("deadline") for part, _ in parts)] if d is not None]
+    deadline given (the group goes when its first node does); each None where no node had one.
+    A part's value that is not a finite number (a part from elsewhere) is left out."""
+    def finite(values) -> list[float]:
+        return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
+                and math.isfinite(v)]
+
+    times = finite([own[0], *(part.meta.get("notice_at") for part, _ in parts)])
+    deadlines = finite([own[1], *(part.meta.get("deadline") for part, _ in parts)])
     return (min(times) if times else None), (min(deadlines) if deadlines else None)
 
 

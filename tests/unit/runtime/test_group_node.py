@@ -103,3 +103,6 @@ def test_the_group_s_notice_is_its_first_node_s_and_its_deadline_the_earliest(tm
     assert group.earliest_notice(parts, (None, None)) == (999.5, 1120.0)
     assert group.earliest_notice(parts, (1001.0, 1100.0)) == (999.5, 1100.0)  # node 0's own deadline is sooner
     assert group.earliest_notice([], (None, None)) == (None, None)  # no node had one
+    for m, _ in parts:  # a part's manifest from elsewhere: no number, no notice taken from it
+        m.meta.update(notice_at="soon", deadline=float("nan"))
+    assert group.earliest_notice(parts, (None, None)) == (None, None)
