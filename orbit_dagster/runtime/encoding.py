@@ -221,8 +221,8 @@ def copy_pieces(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         return
     pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
     for dst, src in pairs:
-        if not (dst.is_contiguous() and src.is_contiguous()) or dst.dtype != src.dtype:
-            pieces.append((dst, src))  # copied whole: a strided view cannot be cut by bytes
+        if not (dst.is_contiguous() and src.is_contiguous()):
+            pieces.append((dst, src))  # copied whole: a strided view has no flat slices
             continue
         flat_dst, flat_src = dst.view(-1), src.view(-1)
         step = max(1, PIECE_BYTES // max(1, src.element_size()))
