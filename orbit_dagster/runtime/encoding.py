@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
+from ..storage.parts import process_pool
 from . import delta as D
 
 try:  # torch's switch for the zip CRC of torch.save (older torch has none)
@@ -187,8 +188,6 @@ def stage(state: Any, spare: dict[str, torch.Tensor] | None = None) -> Any:
 # ---- host copies on several threads ---------------------------------------------------
 PIECE_BYTES = 16 << 20  # small enough to spread a few large tensors evenly, large enough that a task's overhead is nothing
 PARALLEL_MIN_BYTES = 64 << 20  # below this a copy takes milliseconds: the threads' hand-off would cost as much
-_pool: tuple[int, ThreadPoolExecutor] | None = None  # (the pid that made it, the pool): a forked child makes its own
-_pool_lock = threading.Lock()
 
 
 def copy_threads() -> int:
@@ -202,11 +201,7 @@ def copy_threads() -> int:
 
 
 def _copy_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None or _pool[0] != os.getpid():  # a pool's threads do not survive a fork
-            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=copy_threads(), thread_name_prefix="orbit-copy"))
-        return _pool[1]
+    return process_pool("orbit-copy", copy_threads())
 
 
 def copy_pieces(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:

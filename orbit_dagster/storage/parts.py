@@ -36,8 +36,8 @@ PART_SIZE = 16 * MIB  # the S3 store's part too: one part scheme, one digest per
 T = TypeVar("T")
 R = TypeVar("R")
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+_pools: dict[tuple[int, str, int], ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
 
 
 def threads() -> int:
@@ -45,13 +45,22 @@ def threads() -> int:
     return max(2, min(8, os.cpu_count() or 2))
 
 
+def process_pool(name: str, workers: int) -> ThreadPoolExecutor:
+    """This process's pool called `name` with `workers` threads, made on first use. Keyed by
+    the process id: a forked child (a DataLoader worker, a run worker forked from a code server)
+    inherits the parent's pool object but none of its threads, so a task submitted to it there
+    would never run; the child gets a pool of its own instead."""
+    key = (os.getpid(), name, workers)
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None:
+            pool = _pools[key] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+        return pool
+
+
 def shared_pool() -> ThreadPoolExecutor:
     """The process's pool for hashing and local disk I/O (tasks on it never wait for each other)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=threads(), thread_name_prefix="orbit-parts")
-        return _pool
+    return process_pool("orbit-parts", threads())
 
 
 class PartSink(Protocol):

@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from . import parts as P
 from . import reading as V
 from . import s3_parts as S
 from .base import MANIFEST, PART_DIR, CheckpointManifest, StoreError, check_name, check_rel, parse_checkpoint_dir
@@ -43,7 +44,6 @@ _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _CLIENT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION")
 _clients: dict[tuple, Any] = {}
 _clients_lock = threading.Lock()
-_pools: dict[int, ThreadPoolExecutor] = {}  # one pool per concurrency, shared by the process's stores
 
 
 class S3StoreError(StoreError):
@@ -156,11 +156,8 @@ class S3Store:
             self.stats[name] += 1
 
     def pool(self) -> ThreadPoolExecutor:
-        with _clients_lock:
-            pool = _pools.get(self.concurrency)
-            if pool is None:
-                pool = _pools[self.concurrency] = ThreadPoolExecutor(self.concurrency, thread_name_prefix="orbit-s3")
-            return pool
+        """One pool per concurrency, shared by the process's stores."""
+        return P.process_pool("orbit-s3", self.concurrency)
 
     # ---- names --------------------------------------------------------------------
     def key(self, *parts: str) -> str:

@@ -319,3 +319,52 @@ def test_orbit_fs_direct_opens_the_store_past_or_through_the_page_cache_and_refu
     assert not open_store("/tmp/x", env={"ORBIT_FS_DIRECT": "0"}).direct
     with pytest.raises(StoreError, match="ORBIT_FS_DIRECT='yes' is neither 0 nor 1; fix: ORBIT_FS_DIRECT=1"):
         open_store("/tmp/x", env={"ORBIT_FS_DIRECT": "yes"})
+
+
+FORKED = textwrap.dedent("""
+    import os, sys
+    from pathlib import Path
+    import torch
+    from orbit_dagster.runtime import encoding as E
+    from orbit_dagster.storage import parts as P
+    from orbit_dagster.storage.base import CheckpointManifest
+    from orbit_dagster.storage.fs import FsStore
+    from orbit_dagster.storage.s3 import S3Store
+
+    root = Path(sys.argv[1])
+    store = FsStore(root.as_uri(), part_size=4096)
+    files = {"state.pt": os.urandom(64 * 4096)}
+
+    def use_every_pool(step):
+        uri = store.put("j", f"step-{step}", files, CheckpointManifest(job_id="j", step=step, tier="durable", files={}))
+        store.fetch(uri, root / f"fetched-{step}")
+        assert (root / f"fetched-{step}" / "state.pt").read_bytes() == files["state.pt"]
+        src = torch.arange(1 << 16, dtype=torch.float32)
+        dst = torch.empty_like(src)
+        assert E._copy_pool().submit(dst.copy_, src).result(timeout=20) is dst
+        s3 = S3Store("s3://bucket/prefix", client=object(), concurrency=3)
+        assert s3.pool().submit(int, "7").result(timeout=20) == 7
+
+    use_every_pool(1)  # the parent's pools now hold threads that a forked child will not have
+    pid = os.fork()
+    if pid == 0:
+        torch.set_num_threads(1)  # as a DataLoader worker does: torch's OpenMP threads do not survive a fork either
+        try:
+            use_every_pool(2)
+        except BaseException as exc:
+            print("child:", type(exc).__name__, exc, flush=True)
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    sys.exit(os.waitstatus_to_exitcode(status))
+""")
+
+
+def test_a_forked_child_gets_pools_of_its_own_whose_tasks_run(tmp_path):
+    """A child forked after its parent used the parts, S3 and copy pools (a DataLoader worker,
+    a run worker forked from a code server) inherits pool objects without their threads: a task
+    submitted to one would wait forever. Each pool is per process, so the child's save, load and
+    copy run."""
+    done = subprocess.run([sys.executable, "-c", FORKED, str(tmp_path / "s")], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
