@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import math
@@ -34,6 +35,9 @@ from .exits import (  # re-exported: the agent's exit codes are its interface
     EXIT_USER_ERROR,
     FAILURE_CLASS,
     INFRA_ERRNOS,
+    CheckpointMismatch,
+    Diverged,
+    Preempted,
     is_out_of_memory,
 )
 from .group import NodeGroup
@@ -63,20 +67,30 @@ def verify_bundle(bundle: Path) -> str:
     return manifest["bundle_sha256"]
 
 
-def precheck(bundle: Path, artifacts: Path, bundle_hash: str) -> dict:
-    import torch  # lazy: torch costs 3 s; a bundle that fails its check is reported without it
-
-    info = {
+def precheck(bundle: Path, artifacts: Path, bundle_hash: str, *, with_torch: bool = True) -> dict:
+    """What this host runs the task with. `with_torch`: import torch and ask it for the devices
+    and threads (the SDK path, which trains in this process). Without it (a command workload,
+    whose script runs in a process of its own and may not use torch at all), torch's installed
+    version is read from its package metadata and torch is never imported: that would cost
+    about 2 s of CPU and 220 MB of the host's memory for nothing (docs/bring-your-own.md)."""
+    info: dict = {
         "bundle_sha256": bundle_hash,
         "python": platform.python_version(),
         "platform": platform.platform(terse=True),
-        "torch": torch.__version__,
-        "cuda_available": torch.cuda.is_available(),
-        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "threads": torch.get_num_threads(),
         "pid": os.getpid(),
     }
+    if with_torch:
+        import torch  # lazy: torch costs 3 s; a bundle that fails its check is reported without it
+
+        info.update(torch=torch.__version__, cuda_available=torch.cuda.is_available(),
+                    devices=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+                    threads=torch.get_num_threads())
+    else:
+        try:
+            info["torch"] = importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            info["torch"] = None
     (artifacts / "runtime-precheck.log").write_text("\n".join(f"{k}: {v}" for k, v in info.items()) + "\n")
     return info
 
@@ -95,8 +109,6 @@ def load_entrypoint(bundle: Path, name: str):
 
 
 def classify_exception(exc: BaseException) -> tuple[int, str]:
-    from .sdk import CheckpointMismatch, Diverged, Preempted  # lazy: sdk imports torch (3 s)
-
     if isinstance(exc, Preempted):
         return EXIT_PREEMPTED, str(exc)
     if isinstance(exc, (StoreError, CheckpointMismatch)) or (isinstance(exc, OSError) and exc.errno in INFRA_ERRNOS):
@@ -197,24 +209,25 @@ def run(args: argparse.Namespace) -> int:
             return code
         job = json.loads((bundle / "job.json").read_text())
         template = job["template_snapshot"]
-        import torch  # lazy: 3 s, and only once the bundle is verified
+        command = is_command(template, args.task)  # any script's argv (runtime/command.py), not main(ctx)
+        if not command:  # the SDK path trains here; a command's script is a process of its own
+            import torch  # lazy: 3 s, and only once the bundle is verified
 
-        threads = int(template.get("resources", {}).get("cpu_threads", 1))
-        torch.set_num_threads(threads)  # pinned: 1 and 2 threads give different weights
-        info = precheck(bundle, artifacts, bundle_hash)
+            torch.set_num_threads(int(template.get("resources", {}).get("cpu_threads", 1)))  # 1 and 2 threads give different weights
+        info = precheck(bundle, artifacts, bundle_hash, with_torch=not command)
         events.emit(Started(task=args.task, attempt=args.attempt, precheck=info, pid=os.getpid()))
         if args.probe:
             from .probe import measure_matmul_tflops  # lazy: imports torch (3 s)
 
             events.emit(Probe(**measure_matmul_tflops(seconds=0.5)))
 
-        from .sdk import RunContext  # lazy: sdk imports torch (3 s)
-
         store = open_store(args.store or (workdir / "checkpoints").as_uri(), env=os.environ)  # the host's S3 tuning
         ck = template.get("checkpoint", {})
-        if is_command(template, args.task):  # any script's argv (runtime/command.py), not main(ctx)
+        if command:
             code, reason, last_step = _run_command(args, job, bundle, workdir, events, store, watcher, ck)
             return code
+        from .sdk import RunContext  # lazy: sdk imports torch (3 s)
+
         ctx = RunContext(
             job=job,
             bundle_dir=bundle,
@@ -233,8 +246,6 @@ def run(args: argparse.Namespace) -> int:
             notice_grace=args.notice_grace,
         )
         if watcher.pending:  # reclaimed before any work: nothing to save
-            from .sdk import Preempted  # lazy: sdk imports torch (3 s)
-
             raise Preempted("reclaim notice before the workload started")
         watcher.on_notice = lambda notice: (events.emit(Notice(**notice)), ctx.on_notice_timeout())
         _on_rebalance(watcher, events, ck, ctx.request_durable, "checkpoint")
@@ -243,9 +254,7 @@ def run(args: argparse.Namespace) -> int:
         _main_once(module, ctx, args.task)
         for uri, sha256 in args.also_evaluate if args.task == "eval" else ():
             if watcher.pending:  # reclaimed between two evaluations: the rest are evaluated elsewhere
-                from .sdk import Preempted  # lazy: sdk imports torch (3 s)
-
-                raise Preempted("reclaim notice between evaluations")
+                    raise Preempted("reclaim notice between evaluations")
             ctx.eval_checkpoint, ctx.expect_sha256, ctx.eval_metrics = uri, sha256, None
             _main_once(module, ctx, args.task)
         ctx.close()

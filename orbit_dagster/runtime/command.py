@@ -35,7 +35,7 @@ from ..core.host_contract import Checkpoint, Evaluation, Loaded, LocalCheckpoint
 from ..storage.base import MANIFEST, CheckpointManifest, StoreError, checkpoint_dir_name
 from . import group
 from .checkpoint_schedule import CheckpointSchedule
-from .exits import EXIT_OK, EXIT_USER_ERROR
+from .exits import EXIT_OK, EXIT_USER_ERROR, CheckpointMismatch
 from .files import collect_files, store_files
 from .group import NodeGroup
 from .script_output import exit_code_for, metric_line
@@ -190,8 +190,6 @@ class CommandRun:
     # ---- checkpoints in and out ---------------------------------------------------------
     def _rebuild(self, uri: str, purpose: str) -> Path:
         """Fetch and verify a registered checkpoint; lay it out as the script wrote it."""
-        from .sdk import CheckpointMismatch  # lazy: sdk imports torch (3 s); a script may not use torch at all
-
         staging = self.home / f"{purpose}-fetch"
         manifest = self.store.fetch(uri, staging)  # every file against its sha256
         if self.expect_sha256 and manifest.digest != self.expect_sha256:

@@ -1,7 +1,8 @@
 """The agent's exit codes and the failure class each means (the one taxonomy: core/failures.py).
 
 Shared by the SDK path (runtime/agent.py) and command workloads (runtime/command.py), which
-map a script's exit onto the same codes; stdlib only.
+map a script's exit onto the same codes; stdlib only, so that an agent running a command
+workload (whose script may not use torch at all) never imports torch.
 """
 from __future__ import annotations
 
@@ -22,6 +23,20 @@ FAILURE_CLASS = {
     EXIT_BUNDLE: "user_error",
     EXIT_INFRA: "infrastructure",
 }
+
+
+class Preempted(Exception):
+    """Raised in the workload after the emergency checkpoint: stop, the host is going away."""
+
+
+class Diverged(Exception):
+    """A training metric became NaN or infinite."""
+
+
+class CheckpointMismatch(Exception):
+    """The checkpoint to load is not the one the control plane registered."""
+
+
 # errno values that mean the platform failed, not the workload (see core/failures.py).
 INFRA_ERRNOS = {28, 122, 5, 30, 101, 104, 110, 113}  # ENOSPC EDQUOT EIO EROFS ENETUNREACH ECONNRESET ETIMEDOUT EHOSTUNREACH
 

@@ -29,6 +29,7 @@ from .checkpointing import STATE_FILE, Checkpointer
 from .delta import DELTA_KEY, apply_delta, is_delta
 from .encoding import read_state
 from .events import EventWriter
+from .exits import CheckpointMismatch, Diverged, Preempted
 from .local_tier import local_store_for
 from .notices import NOTICE_GRACE_S, NoticeWatcher
 
@@ -41,18 +42,6 @@ PROGRESS_EVERY_S = 1.0
 # machine a first durable save's background write slowed two steps of the 100M model to
 # 2.6-2.7 s (docs/benchmarks.md), which at half the 5 s grace turned the tier on for the run.
 MEMORY_GAP_SHARE = 1.0
-
-
-class Preempted(Exception):
-    """Raised in the workload after the emergency checkpoint: stop, the host is going away."""
-
-
-class Diverged(Exception):
-    """A training metric became NaN or infinite."""
-
-
-class CheckpointMismatch(Exception):
-    """The checkpoint to load is not the one the control plane registered."""
 
 
 class RunContext:

@@ -36,11 +36,16 @@ def script_bundle(root: Path, source: str, **fields):
     return build_bundle(t, TaskSubmission(template=t.name), JOB, root / "bundles")
 
 
-def agent(bundle, workdir: Path, store: Path, *args: str, wait=True):
+# The agent as `python -m orbit_dagster.runtime.agent ...`, in a process where `import torch` fails.
+WITHOUT_TORCH = "import runpy, sys; sys.modules['torch'] = None; runpy.run_module('orbit_dagster.runtime.agent', run_name='__main__')"
+
+
+def agent(bundle, workdir: Path, store: Path, *args: str, wait=True, without_torch=False):
     env = {**os.environ, "PYTHONPATH": str(bundle.path / "runtime"), "OMP_NUM_THREADS": "1"}
     workdir.mkdir(parents=True, exist_ok=True)
     log = open(workdir / "agent.log", "ab")  # a file: a pipe nobody reads would fill and block it
-    proc = subprocess.Popen([sys.executable, "-m", "orbit_dagster.runtime.agent", str(bundle.path), "--workdir",
+    launch = ["-c", WITHOUT_TORCH] if without_torch else ["-m", "orbit_dagster.runtime.agent"]
+    proc = subprocess.Popen([sys.executable, *launch, str(bundle.path), "--workdir",
                              str(workdir), "--store", store.as_uri(), *args], env=env, stdout=log, stderr=log)
     log.close()
     if wait:
@@ -328,3 +333,59 @@ def test_a_script_that_asks_the_schedule_saves_where_the_agent_re_decides_as_the
         assert d["interval_s"] == pytest.approx(rule.interval(d["age_s"], d["work_left_s"]), abs=2e-3)
     gaps = [d["steps"] for d in decided if d["interval_s"] < d["work_left_s"]]  # (not: run to the end)
     assert len(gaps) >= 2 and gaps == sorted(gaps) and gaps[-1] > gaps[0] > 10, decided
+
+
+NO_TORCH = """
+import json, os, signal, sys, time
+out, resume = sys.argv[1], os.environ["ORBIT_RESUME_FROM"]
+step = int(open(resume).read()) if resume else 0
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+
+def save(step):
+    tmp = os.path.join(out, ".partial")
+    with open(tmp, "w") as fh:
+        fh.write(str(step))
+    os.replace(tmp, os.path.join(out, f"ckpt_{step}.bin"))
+
+while step < 400 and not stop:
+    step += 1
+    time.sleep(0.02)
+    print(json.dumps({"step": step, "loss": 1.0 / step}), flush=True)
+    if step % 100 == 0:
+        save(step)
+if stop:
+    save(step)
+    sys.exit(75)
+"""
+
+
+def test_an_agent_running_a_command_workload_never_imports_torch(tmp_path):
+    """A command's script runs in a process of its own and may not use torch at all (JAX, a
+    shell script): its agent trains nothing itself, so it must run, save on a notice, resume and
+    refuse a checkpoint with other bytes on a host where `import torch` fails."""
+    bundle = script_bundle(tmp_path, NO_TORCH, checkpoint={"settle_seconds": 0.3, "every_steps": 100})
+    store = tmp_path / "s"
+    first = agent(bundle, tmp_path / "w1", store, wait=False, without_torch=True)
+    wait_for(lambda: first.poll() is not None or any(c["step"] == 100 for c in events(tmp_path / "w1", "checkpoint")),
+             what="the step-100 checkpoint")
+    assert first.poll() is None, log_of(tmp_path / "w1")
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(120) == EXIT_PREEMPTED, log_of(tmp_path / "w1")
+    (started,) = events(tmp_path / "w1", "started")
+    assert started["precheck"]["torch"] == torch.__version__  # read from the package's metadata
+    assert "cuda_available" not in started["precheck"]  # not probed: that needs torch imported
+    newest = events(tmp_path / "w1", "checkpoint")[-1]
+    assert newest["tier"] == "emergency" and newest["step"] > 100
+
+    refused = agent(bundle, tmp_path / "w2", store, "--attempt", "2", "--resume-from", newest["uri"],
+                    "--expect-sha256", "0" * 64, without_torch=True)
+    assert refused.returncode == EXIT_INFRA, log_of(tmp_path / "w2")
+    assert "CheckpointMismatch" in events(tmp_path / "w2", "exit")[0]["reason"]
+
+    resumed = agent(bundle, tmp_path / "w3", store, "--attempt", "3", "--resume-from", newest["uri"],
+                    "--expect-sha256", newest["sha256"], without_torch=True)
+    assert resumed.returncode == EXIT_OK, log_of(tmp_path / "w3")
+    assert min(m["step"] for m in events(tmp_path / "w3", "metrics")) == newest["step"] + 1
+    assert events(tmp_path / "w3", "checkpoint")[-1]["step"] == 400
+    assert "No module named 'torch'" not in log_of(tmp_path / "w1") + log_of(tmp_path / "w3")
