@@ -178,19 +178,42 @@ def drop_group_parts(ledger: Ledger, store_uri: str, job_id: str, attempt: int) 
     node never saved its part of (a node lost without notice) or one node 0 was stopped
     while gathering. Never a checkpoint: the names are the parts' own (storage PART_DIR)."""
     store = open_store(store_uri)
-    dropped = []
+    dropped, steps = [], {}
     for uri in store.parts(job_id):
         m = PART_DIR.match(uri.rstrip("/").rsplit("/", 1)[-1])
         if m and int(m.group(2)) == attempt:
+            try:
+                emergency = store.read_manifest(uri).tier == "emergency"  # saved after a notice
+            except (OSError, ValueError, StoreError):
+                emergency = False  # half-written: its node went mid-save, before its manifest
             try:
                 store.delete(uri)
             except (OSError, StoreError):
                 continue  # tried again when the job's next attempt of a group ends; garbage, not data
             dropped.append(uri)
+            step = steps.setdefault(int(m.group(1)), {"step": int(m.group(1)), "nodes": [], "emergency": False})
+            step["nodes"].append(int(m.group(3)))
+            step["emergency"] = step["emergency"] or emergency
     if dropped:
         with ledger.write() as tx:
-            tx.insert("events", [R.event("group_parts_dropped", job_id=job_id, attempt=attempt, uris=dropped)])
+            tx.insert("events", [R.event("group_parts_dropped", job_id=job_id, attempt=attempt, uris=dropped,
+                                         steps=[steps[k] for k in sorted(steps)],
+                                         reason=_parts_reason(ledger, job_id, [steps[k] for k in sorted(steps)]))])
     return dropped
+
+
+def _parts_reason(ledger: Ledger, job_id: str, steps: list[dict]) -> str:
+    """What the dropped parts mean, in words: which checkpoints never came together and, when a
+    part was saved after a notice, that the notice was not met; which checkpoint stands."""
+    said = []
+    for s in steps:
+        what = "the emergency save" if s["emergency"] else "the checkpoint"
+        said.append(f"{what} of step {s['step']} never came together (parts of node(s) "
+                    f"{', '.join(map(str, sorted(s['nodes'])))} were in the store; node 0 never stored the whole)")
+    newest = ledger.scalar("SELECT max(step) FROM checkpoints WHERE job_id = ? AND step < ?",
+                           [job_id, min(s["step"] for s in steps)])
+    return ("; ".join(said) + ": its parts are dropped; "
+            + (f"the checkpoint of step {newest} stands" if newest is not None else "no checkpoint stands"))
 
 
 def _iso_ts(text: str) -> float | None:

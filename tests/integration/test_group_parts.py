@@ -18,8 +18,8 @@ from tests.integration.moto_fixtures import aws_env, client, moto_server, s3_buc
 JOB = "fsdp-multinode-0123abcd"
 
 
-def manifest(step: int, attempt: int) -> CheckpointManifest:
-    return CheckpointManifest(job_id=JOB, step=step, tier="durable", files={}, attempt=attempt,
+def manifest(step: int, attempt: int, tier: str = "durable") -> CheckpointManifest:
+    return CheckpointManifest(job_id=JOB, step=step, tier=tier, files={}, attempt=attempt,
                               created_at=datetime.now(timezone.utc).isoformat())
 
 
@@ -27,7 +27,7 @@ def fill(store) -> None:
     """Attempt 1: a checkpoint put together (step 100) and the parts of one never put together
     (step 200: node 2's complete, node 1's without its manifest); attempt 2: a part in flight."""
     store.put(JOB, checkpoint_dir_name(100, 1), {"__0_0.distcp": b"w" * 64}, manifest(100, 1))
-    store.put(JOB, checkpoint_part_name(200, 1, 2), {"__2_0.distcp": b"x" * 64}, manifest(200, 1))
+    store.put(JOB, checkpoint_part_name(200, 1, 2), {"__2_0.distcp": b"x" * 64}, manifest(200, 1, "emergency"))
     store.put(JOB, checkpoint_part_name(300, 2, 1), {"__1_0.distcp": b"y" * 64}, manifest(300, 2))
 
 
@@ -47,7 +47,11 @@ def check(orbit_home, store_uri: str) -> None:
     assert names(store.list(JOB)) == ["step-000000100-a1"]  # the checkpoint stays, verified
     store.verify(store.uri_for(JOB, checkpoint_dir_name(100, 1)))
     (event,) = ledger.rows("SELECT detail FROM events WHERE kind = 'group_parts_dropped'")
-    assert names(json.loads(event["detail"])["uris"]) == names(dropped)
+    detail = json.loads(event["detail"])
+    assert names(detail["uris"]) == names(dropped)
+    assert detail["steps"] == [{"step": 200, "nodes": [1, 2], "emergency": True}]  # node 2's part came after a notice
+    assert detail["reason"] == ("the emergency save of step 200 never came together (parts of node(s) 1, 2 were in "
+                                "the store; node 0 never stored the whole): its parts are dropped; no checkpoint stands")
     assert drop_group_parts(ledger, store_uri, JOB, 1) == []  # twice: nothing more, no second event
     assert ledger.scalar("SELECT count(*) FROM events WHERE kind = 'group_parts_dropped'") == 1
 
