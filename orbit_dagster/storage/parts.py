@@ -38,6 +38,8 @@ R = TypeVar("R")
 
 _pools: dict[tuple[int, str, int], ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
+_spare_maps: dict[tuple[int, int], list[mmap.mmap]] = {}  # (pid, part size): AlignedStream's buffers between files
+_spare_lock = threading.Lock()
 
 
 def threads() -> int:
@@ -296,16 +298,54 @@ class InPlaceStream(PartStream):
 
 class AlignedStream(PartStream):
     """A PartStream whose every part is copied into a page-aligned buffer of its own (anonymous
-    memory maps, reused), whole parts too, so that the sink can write each with O_DIRECT,
-    past the page cache (storage/fs.py `_DirectFileSink`). The copy is cheap next to what it
-    saves: a buffered write must allocate a page-cache page for every 4 KiB it writes, whose
-    cost on a virtual machine swings from one write to the next (bench/direct_write.py,
+    memory maps), whole parts too, so that the sink can write each with O_DIRECT, past the
+    page cache (storage/fs.py `_DirectFileSink`). The copy is cheap next to what it saves: a
+    buffered write must allocate a page-cache page for every 4 KiB it writes, whose cost on a
+    virtual machine swings from one write to the next (bench/direct_write.py,
     docs/benchmarks.md). The caller's memory is never kept: a write returns once its bytes
-    are copied, the parts hashed and written on the pool meanwhile."""
+    are copied, the parts hashed and written on the pool meanwhile.
+
+    The buffers outlive the file: a closed stream hands them to the process's next one, up to
+    `SPARE_BUFFERS` parts' worth (96 MB at 16 MB parts), kept for the process's life. A new map
+    is faulted in page by page as the copy first touches it, at 0.55-0.75 GB/s on the benchmark
+    machine (docs/benchmarks.md, "A host copy by the idle time before it"); maps made for each
+    file made a 100 MB save spend about a fifth of its time there (docs/benchmarks.md,
+    checkpoint-io)."""
+
+    SPARE_BUFFERS = 6  # a stream holds at most in_flight + 2 buffers: threads() + 4 on the fs store
 
     def _take_buffer(self) -> Any:
         with self._free_lock:
-            return self._free.pop() if self._free else mmap.mmap(-1, self._part)
+            if self._free:
+                return self._free.pop()
+        with _spare_lock:
+            spare = _spare_maps.get((os.getpid(), self._part))  # a forked child's are its parent's pages: not shared
+            if spare:
+                return spare.pop()
+        return mmap.mmap(-1, self._part)
+
+    def _keep_buffers(self) -> None:
+        """Every part task has ended: this stream's buffers go to the process's next one (the
+        rest are dropped, and unmapped once nothing refers to them)."""
+        with self._free_lock:
+            free, self._free = self._free, []
+        free += [b for b in (self._held, self._buf) if b is not None]  # a one-part file's, never submitted
+        self._held = self._buf = None
+        with _spare_lock:
+            spare = _spare_maps.setdefault((os.getpid(), self._part), [])
+            spare.extend(free[:max(0, self.SPARE_BUFFERS - len(spare))])
+
+    def close(self) -> dict:
+        try:
+            return super().close()
+        finally:
+            self._keep_buffers()
+
+    def abort(self) -> None:
+        try:
+            super().abort()
+        finally:
+            self._keep_buffers()
 
     def write(self, data: Any) -> int:
         view = _bytes_to_write(self, data)

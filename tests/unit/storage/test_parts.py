@@ -368,3 +368,44 @@ def test_a_forked_child_gets_pools_of_its_own_whose_tasks_run(tmp_path):
     done = subprocess.run([sys.executable, "-c", FORKED, str(tmp_path / "s")], cwd=REPO, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_aligned_buffers_serve_the_next_file_and_no_stale_byte_reaches_it(tmp_path, monkeypatch):
+    """Past the page cache, each part is copied into a page-aligned map. A closed (or aborted)
+    file hands its maps to the next one instead of the next faulting new ones in; the reuse
+    never lets a byte of an earlier file into a later one (a short last part, a one-part file)."""
+    import mmap as M
+
+    import orbit_dagster.storage.fs as F
+
+    monkeypatch.setattr(P, "_spare_maps", {})
+    store = FsStore((tmp_path / "s").as_uri(), part_size=PART, direct=True)
+    made = []
+    real_mmap = M.mmap
+    monkeypatch.setattr(P.mmap, "mmap", lambda *a, **k: made.append(1) or real_mmap(*a, **k))
+    big = os.urandom(9 * PART + 100)
+    small = os.urandom(PART // 3)  # one part: the stream's one buffer, written by `single`
+    first = store.put("j", "step-000000001-a1", {"state.pt": big}, manifest(1))
+    first_made = len(made)
+    if not first_made:
+        pytest.skip(f"{tmp_path} refuses O_DIRECT: the store writes through the page cache there, with no maps")
+    assert first_made <= P.AlignedStream.SPARE_BUFFERS + 2
+    second = store.put("j", "step-000000002-a1", {"state.pt": small, "more.pt": big[:2 * PART + 7]}, manifest(2))
+    assert len(made) == first_made, "the second checkpoint's files took the first one's maps"
+
+    def fail(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:  # an aborted file's maps are kept too
+        m.setattr(F.P, "pwrite_full", fail)
+        with pytest.raises(OSError, match="No space"):
+            store.put("j", "step-000000003-a1", {"state.pt": os.urandom(5 * PART)}, manifest(3))
+    tail = os.urandom(PART + 1)
+    third = store.put("j", "step-000000004-a1", {"state.pt": tail}, manifest(4))
+    assert len(made) == first_made
+    assert len(P._spare_maps[(os.getpid(), PART)]) <= P.AlignedStream.SPARE_BUFFERS
+    for uri, files in ((first, {"state.pt": big}), (second, {"state.pt": small, "more.pt": big[:2 * PART + 7]}),
+                       (third, {"state.pt": tail})):
+        out = tmp_path / uri.rsplit("/", 1)[-1]
+        store.fetch(uri, out)
+        assert {rel: (out / rel).read_bytes() for rel in files} == files
