@@ -212,7 +212,7 @@ def _parts_reason(ledger: Ledger, job_id: str, steps: list[dict]) -> str:
                     f"{', '.join(map(str, sorted(s['nodes'])))} were in the store; node 0 never stored the whole)")
     newest = ledger.scalar("SELECT max(step) FROM checkpoints WHERE job_id = ? AND step < ?",
                            [job_id, min(s["step"] for s in steps)])
-    return ("; ".join(said) + ": its parts are dropped; "
+    return ("; ".join(said) + ": the parts are dropped; "
             + (f"the checkpoint of step {newest} stands" if newest is not None else "no checkpoint stands"))
 
 

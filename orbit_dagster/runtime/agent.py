@@ -254,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
         _main_once(module, ctx, args.task)
         for uri, sha256 in args.also_evaluate if args.task == "eval" else ():
             if watcher.pending:  # reclaimed between two evaluations: the rest are evaluated elsewhere
-                    raise Preempted("reclaim notice between evaluations")
+                raise Preempted("reclaim notice between evaluations")
             ctx.eval_checkpoint, ctx.expect_sha256, ctx.eval_metrics = uri, sha256, None
             _main_once(module, ctx, args.task)
         ctx.close()

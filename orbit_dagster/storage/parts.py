@@ -60,6 +60,12 @@ def process_pool(name: str, workers: int) -> ThreadPoolExecutor:
         return pool
 
 
+def spare_buffers() -> int:
+    """AlignedStream's buffers kept between files: as many as one fs store's stream holds at
+    most (its parts in flight, `threads() + 2`, one held and one being filled)."""
+    return threads() + 4
+
+
 def shared_pool() -> ThreadPoolExecutor:
     """The process's pool for hashing and local disk I/O (tasks on it never wait for each other)."""
     return process_pool("orbit-parts", threads())
@@ -305,14 +311,13 @@ class AlignedStream(PartStream):
     docs/benchmarks.md). The caller's memory is never kept: a write returns once its bytes
     are copied, the parts hashed and written on the pool meanwhile.
 
-    The buffers outlive the file: a closed stream hands them to the process's next one, up to
-    `SPARE_BUFFERS` parts' worth (96 MB at 16 MB parts), kept for the process's life. A new map
+    The buffers outlive the file: a closed stream hands them to the process's next one, as
+    many as one stream holds at most (in flight + 2: 6 parts, 96 MB, on 2 cores; 12 parts,
+    192 MB, from 8 cores up), kept for the process's life. A new map
     is faulted in page by page as the copy first touches it, at 0.55-0.75 GB/s on the benchmark
     machine (docs/benchmarks.md, "A host copy by the idle time before it"); maps made for each
     file made a 100 MB save spend about a fifth of its time there (docs/benchmarks.md,
     checkpoint-io)."""
-
-    SPARE_BUFFERS = 6  # a stream holds at most in_flight + 2 buffers: threads() + 4 on the fs store
 
     def _take_buffer(self) -> Any:
         with self._free_lock:
@@ -333,7 +338,7 @@ class AlignedStream(PartStream):
         self._held = self._buf = None
         with _spare_lock:
             spare = _spare_maps.setdefault((os.getpid(), self._part), [])
-            spare.extend(free[:max(0, self.SPARE_BUFFERS - len(spare))])
+            spare.extend(free[:max(0, spare_buffers() - len(spare))])
 
     def close(self) -> dict:
         try:

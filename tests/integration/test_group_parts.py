@@ -51,7 +51,7 @@ def check(orbit_home, store_uri: str) -> None:
     assert names(detail["uris"]) == names(dropped)
     assert detail["steps"] == [{"step": 200, "nodes": [1, 2], "emergency": True}]  # node 2's part came after a notice
     assert detail["reason"] == ("the emergency save of step 200 never came together (parts of node(s) 1, 2 were in "
-                                "the store; node 0 never stored the whole): its parts are dropped; no checkpoint stands")
+                                "the store; node 0 never stored the whole): the parts are dropped; no checkpoint stands")
     assert drop_group_parts(ledger, store_uri, JOB, 1) == []  # twice: nothing more, no second event
     assert ledger.scalar("SELECT count(*) FROM events WHERE kind = 'group_parts_dropped'") == 1
 

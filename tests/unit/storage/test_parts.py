@@ -389,7 +389,7 @@ def test_aligned_buffers_serve_the_next_file_and_no_stale_byte_reaches_it(tmp_pa
     first_made = len(made)
     if not first_made:
         pytest.skip(f"{tmp_path} refuses O_DIRECT: the store writes through the page cache there, with no maps")
-    assert first_made <= P.AlignedStream.SPARE_BUFFERS + 2
+    assert first_made <= P.spare_buffers() + 2
     second = store.put("j", "step-000000002-a1", {"state.pt": small, "more.pt": big[:2 * PART + 7]}, manifest(2))
     assert len(made) == first_made, "the second checkpoint's files took the first one's maps"
 
@@ -403,7 +403,7 @@ def test_aligned_buffers_serve_the_next_file_and_no_stale_byte_reaches_it(tmp_pa
     tail = os.urandom(PART + 1)
     third = store.put("j", "step-000000004-a1", {"state.pt": tail}, manifest(4))
     assert len(made) == first_made
-    assert len(P._spare_maps[(os.getpid(), PART)]) <= P.AlignedStream.SPARE_BUFFERS
+    assert len(P._spare_maps[(os.getpid(), PART)]) <= P.spare_buffers()
     for uri, files in ((first, {"state.pt": big}), (second, {"state.pt": small, "more.pt": big[:2 * PART + 7]}),
                        (third, {"state.pt": tail})):
         out = tmp_path / uri.rsplit("/", 1)[-1]
