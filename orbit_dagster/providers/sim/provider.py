@@ -200,9 +200,11 @@ class SimProvider:
         if self.instance_alive(instance):
             write_json(d / "terminate.json", {"reason": reason, "at": time.time()})
             deadline = time.time() + self.grace_seconds + 15
-            while time.time() < deadline and self.host_state(instance.instance_id).get("status") in ("running", "terminating"):
-                if not pid_alive(int(self.host_state(instance.instance_id)["pid"])):
-                    break
+            # Until the host process is gone, not only until it writes its last status: it
+            # writes that just before it exits, and on a loaded machine its exit took long
+            # enough for a caller's look at the process table right after to find it.
+            pid = int(self.host_state(instance.instance_id)["pid"])
+            while time.time() < deadline and pid_alive(pid):
                 time.sleep(0.05)
         return self.instance_times(instance)
 
