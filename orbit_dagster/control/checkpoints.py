@@ -195,10 +195,10 @@ def drop_group_parts(ledger: Ledger, store_uri: str, job_id: str, attempt: int) 
             step["nodes"].append(int(m.group(3)))
             step["emergency"] = step["emergency"] or emergency
     if dropped:
+        by_step = [steps[k] for k in sorted(steps)]
         with ledger.write() as tx:
             tx.insert("events", [R.event("group_parts_dropped", job_id=job_id, attempt=attempt, uris=dropped,
-                                         steps=[steps[k] for k in sorted(steps)],
-                                         reason=_parts_reason(ledger, job_id, [steps[k] for k in sorted(steps)]))])
+                                         steps=by_step, reason=_parts_reason(ledger, job_id, by_step))])
     return dropped
 
 
