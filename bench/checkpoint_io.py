@@ -16,7 +16,8 @@ production code (runtime.checkpointing.Checkpointer, runtime.sdk.RunContext, the
   also the load followed by the copy a resume makes next (every tensor into the training's
   own, as load_state_dict does), since a mapped load leaves that copy as the first touch of
   its bytes; and, side by side, the same verify followed by torch.load without the mapping
-  (the path before it); before each side, the file's pages are dropped from the page cache
+  (the path before it), and the same load with the verify reading one part per hashing
+  thread at once instead of two (the path before `io_threads`); before each side, the file's pages are dropped from the page cache
   (posix_fadvise DONTNEED after fsync), so each reads from the disk;
 - S3 (a moto server in its own process on 127.0.0.1): our durable save to the S3 store (parts
   uploaded concurrently with their checksums) against a raw sequential multipart put of the
@@ -67,6 +68,7 @@ from orbit_dagster.runtime.events import EventWriter  # noqa: E402
 from orbit_dagster.runtime.notices import NoticeWatcher  # noqa: E402
 from orbit_dagster.runtime.sdk import RunContext  # noqa: E402
 from orbit_dagster.storage import open_store  # noqa: E402
+from orbit_dagster.storage import parts as P  # noqa: E402
 
 SECTION = "checkpoint-io"
 # A size too large to measure beside the others (4 GB: the machine's memory) has a section of its own.
@@ -212,6 +214,16 @@ class Ours:
         del state
         return seconds
 
+    def load_one_task_per_core(self, uri: str) -> float:
+        """The same load with the verify reading one part per hashing thread at once (what it did
+        before `io_threads`): while every task hashed, the disk sat idle."""
+        wide = P.io_threads
+        P.io_threads = P.threads
+        try:
+            return self.load(uri)[0]
+        finally:
+            P.io_threads = wide
+
     def delete(self, uri: str) -> None:
         self.store.delete(uri)
 
@@ -223,7 +235,7 @@ def measure_fs(state: dict, blob: bytes, root: Path, repeat: int) -> dict[str, l
     ours = Ours((root / "store").as_uri(), root / "work")
     ours.warm_up(state)
     raw_path = root / "raw.bin"
-    out: dict[str, list] = {k: [] for k in ("durable", "emergency", "load", "load_used", "load_unmapped",
+    out: dict[str, list] = {k: [] for k in ("durable", "emergency", "load", "load_used", "load_unmapped", "load_narrow",
                                             "raw_durable", "raw_emergency",
                                             "raw_write_sha", "raw_read", "raw_read_sha", "sha", "blocked", "write")}
     read_path = root / "read.bin"
@@ -252,7 +264,11 @@ def measure_fs(state: dict, blob: bytes, root: Path, repeat: int) -> dict[str, l
                 ours.delete(ev["uri"])
         if first_raw:
             out["raw_read"].append(raw_read(read_path))
+        if first_raw:
+            out["load_narrow"].append(ours.load_one_task_per_core(uri))
         load, load_used = ours.load(uri, into=state)
+        if not first_raw:
+            out["load_narrow"].append(ours.load_one_task_per_core(uri))
         out["load_unmapped"].append(ours.load_unmapped(uri))
         out["load"].append(load)
         out["load_used"].append(load_used)
@@ -392,6 +408,9 @@ def rows_for(label: str, nbytes: int, fs: dict, s3: dict | None, sharded: dict |
         line("fs load (verify parts in place + torch.load, mapped)", fs["load"], "the same, read into memory",
              fs["load_unmapped"], "the mapping's own gain, side by side: the same verify, then torch.load "
              "without mmap (a fetched copy's path; every load's before the mapping)", goal=False),
+        line("fs load (verify parts in place + torch.load, mapped)", fs["load"], "the same, one part read per core",
+             fs["load_narrow"], "the verify's own gain from reading two parts per hashing thread at once "
+             "(storage/parts.py `io_threads`), side by side; every load's before it", goal=False),
         line("fs load, then copied into the training's tensors", fs["load_used"], "cold read", fs["raw_read"],
              "the copy a resume makes next (load_state_dict); the load maps the file, so this is where its "
              "pages are first touched", goal=False),

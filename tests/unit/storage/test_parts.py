@@ -202,6 +202,29 @@ def test_a_flipped_byte_in_any_part_is_refused_on_load_naming_the_part(tmp_path)
     assert store.verify(uri).step == 1
 
 
+def test_a_verify_reads_two_parts_per_hashing_thread_at_once(tmp_path, monkeypatch):
+    """While one task hashes its part another waits on the disk: the verify keeps `io_threads`
+    reads going. Every read waits at a barrier of that many, so a verify that read fewer parts
+    at once would break it (and the test) rather than pass slowly."""
+    import orbit_dagster.storage.reading as V
+
+    store = FsStore((tmp_path / "s").as_uri(), part_size=PART)
+    width = P.io_threads()
+    assert width == 2 * P.threads()
+    data = os.urandom(2 * width * PART)
+    uri = store.put("j", "step-000000001-a1", {"state.pt": data}, manifest())
+    barrier, real = threading.Barrier(width, timeout=60), V.pread_full
+
+    def pread_full(fd, buf, offset):
+        barrier.wait()
+        return real(fd, buf, offset)
+
+    monkeypatch.setattr(V, "pread_full", pread_full)
+    assert store.verify(uri).step == 1
+    got, directory = store.checkout(uri, tmp_path / "scratch")
+    assert (directory / "state.pt").read_bytes() == data
+
+
 KILLED_WRITER = textwrap.dedent("""
     import os, sys, time
     import orbit_dagster.storage.fs as F
