@@ -277,7 +277,7 @@ class FsStore:
                 (dest / rel).write_bytes(b"")
         try:
             if manifest.version == 1:
-                V.for_each(P.shared_pool(), manifest.files.items(),
+                V.for_each(P.read_pool(), manifest.files.items(),
                            lambda item: _check_whole(uri, item[0], item[1], sources[item[0]], dest), P.io_threads())
             else:
                 _check_parts(uri, manifest, sources, dest)
@@ -375,7 +375,7 @@ def _check_parts(uri: str, manifest: CheckpointManifest, sources: dict[str, Path
             with lock:
                 free.append(buf)
 
-    V.for_each(P.shared_pool(), tasks, one, P.io_threads())
+    V.for_each(P.read_pool(), tasks, one, P.io_threads())
 
 
 def sweep_temp_dirs(job_dir: Path, max_age_s: float = TEMP_MAX_AGE_S) -> int:

@@ -48,12 +48,14 @@ def threads() -> int:
 
 
 def io_threads() -> int:
-    """The shared pool's threads, and the parts a verify reads at once: two per hashing thread.
-    A verify's task reads its part, then hashes it; with one task per core the disk sat idle
-    whenever every task hashed. A 1 GB load from a cold cache on 2 cores took 0.95 s with two
-    parts read per core and 1.08 s with one, side by side (1.14x; at 100 MB, 1.00x), against
-    0.69 s for a raw read (docs/benchmarks.md, checkpoint-io). A save's parts in flight stay
-    bounded by its stream (`threads() + 2`), so its buffers do not grow with this."""
+    """The reads a verify keeps going at once (`read_pool`): two per hashing thread. A task
+    reads its part, then hashes it; with one task per core the disk sat idle whenever every
+    task hashed. Side by side, from a cold cache on 2 cores, reading one part per core made a
+    1 GB load 1.14x (the disk fast) to 1.68x (slow) as long, a 4 GB load 1.11x, and a 100 MB
+    one (7 parts) 1.02x (docs/benchmarks.md, checkpoint-io and checkpoint-io-large). Saves keep one thread per core (`shared_pool`):
+    they run beside a training, whose threads would take turns with more of ours, and a
+    wider pool gained them little (side by side: 100 MB 0.171 s against 0.174 s, 1 GB 1.04 s
+    against 1.16 s), not measured against what it would cost the training."""
     return 2 * threads()
 
 
@@ -78,7 +80,12 @@ def spare_buffers() -> int:
 
 def shared_pool() -> ThreadPoolExecutor:
     """The process's pool for hashing and local disk I/O (tasks on it never wait for each other)."""
-    return process_pool("orbit-parts", io_threads())
+    return process_pool("orbit-parts", threads())
+
+
+def read_pool() -> ThreadPoolExecutor:
+    """The process's pool for verifying parts read from a local disk (`io_threads` of them)."""
+    return process_pool("orbit-read", io_threads())
 
 
 class PartSink(Protocol):

@@ -384,7 +384,7 @@ FORKED = textwrap.dedent("""
 
 
 def test_a_forked_child_gets_pools_of_its_own_whose_tasks_run(tmp_path):
-    """A child forked after its parent used the parts, S3 and copy pools (a DataLoader worker,
+    """A child forked after its parent used the parts, read, S3 and copy pools (a DataLoader worker,
     a run worker forked from a code server) inherits pool objects without their threads: a task
     submitted to one would wait forever. Each pool is per process, so the child's save, load and
     copy run."""
