@@ -19,8 +19,9 @@ production code (runtime.checkpointing.Checkpointer, runtime.sdk.RunContext, the
   own, as load_state_dict does), since a mapped load leaves that copy as the first touch of
   its bytes; and, side by side, the same verify followed by torch.load without the mapping
   (the path before it), and the same load with the verify reading one part per hashing
-  thread at once instead of two (the path before `io_threads`); before each side, the file's pages are dropped from the page cache
-  (posix_fadvise DONTNEED after fsync), so each reads from the disk;
+  thread at once instead of two (the path before `io_threads`); before each side, the file's
+  pages are dropped from the page cache (posix_fadvise DONTNEED after fsync), so each reads
+  from the disk;
 - S3 (a moto server in its own process on 127.0.0.1): our durable save to the S3 store (parts
   uploaded concurrently with their checksums) against a raw sequential multipart put of the
   same bytes with the same part size, and boto3's managed (threaded) upload; our load
@@ -285,7 +286,6 @@ def measure_fs(state: dict, blob: bytes, root: Path, repeat: int) -> dict[str, l
                 ours.delete(ev["uri"])
         if first_raw:
             out["raw_read"].append(raw_read(read_path))
-        if first_raw:
             out["load_narrow"].append(ours.load_one_task_per_core(uri))
         load, load_used = ours.load(uri, into=state)
         if not first_raw:
