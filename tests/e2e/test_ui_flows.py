@@ -22,7 +22,7 @@ from orbit_dagster.control.providers import provider_for
 from orbit_dagster.ledger import records as R
 from orbit_dagster.providers.base import InstanceHandle
 from tests import helpers
-from tests.e2e.ui_support import CHROMIUM, LOCATION, LONG, SMALL, UI, chromium_page, orbit_stack, submit_config
+from tests.e2e.ui_support import CHROMIUM, LOCATION, LONG, SECOND, SMALL, UI, chromium_page, orbit_stack, submit_config
 
 pytest.importorskip("playwright", reason="needs playwright (pip install -e '.[dev]')")
 pytestmark = [pytest.mark.e2e,
@@ -271,8 +271,9 @@ def test_the_training_run_shows_its_loss_by_step(ui):
 def test_the_training_run_partition_draws_a_loss_curve(ui):
     job = trained_job(ui)
     ui.goto(f"/assets/training_run?view=partitions&partition={job}")
-    ui.see("train/loss by step")
-    assert ui.page.locator("img[src^='data:image']").count() >= 1
+    ui.see("train/loss by step")  # the table's label: it may come before the curve's markdown
+    # The curve is an image in markdown; wait_for fails the test if it never comes.
+    ui.page.locator("img[src^='data:image']").first.wait_for(state="attached", timeout=60 * SECOND)
 
 
 def test_asset_descriptions_show_the_partition_format(ui):
