@@ -51,14 +51,15 @@ def io_threads() -> int:
     """The reads a verify keeps going at once (`read_pool`): two per hashing thread. A task
     reads its part, then hashes it; with one task per core the disk sat idle whenever every
     task hashed. Side by side, from a cold cache on 2 cores, reading one part per core made a
-    1 GB load 1.14x (the disk fast) to 1.68x (slow) as long, a 4 GB load 1.11x, and a 100 MB
-    one (7 parts) 1.02x (docs/benchmarks.md, checkpoint-io and checkpoint-io-large). Each read
+    1 GB load 1.68x as long (a slow disk; 1.14x in an earlier run on a fast one), a 4 GB load
+    1.11x, and a 100 MB one (7 parts) 1.02x (docs/benchmarks.md, checkpoint-io and
+    checkpoint-io-large: the row "the same, one part read per core"). Each read
     in flight holds a part-sized buffer until the verify ends.
 
     Saves keep one thread per core (`shared_pool`): they run beside a training, whose threads
-    would take turns with more of ours, and a wider pool gained them little (side by side:
-    100 MB 0.171 s against 0.174 s, 1 GB 1.04 s against 1.16 s), not measured against what it
-    would cost the training."""
+    would take turns with more of ours, and a wider pool gained them little (side by side, in
+    a one-off script: 100 MB 0.171 s against 0.174 s, 1 GB 1.04 s against 1.16 s), not
+    measured against what it would cost the training."""
     return 2 * threads()
 
 
